@@ -1,0 +1,721 @@
+//! [`KvCache`]: the GPU-resident store of one model's K and V, with append and decode attention.
+
+use std::sync::Mutex;
+
+use bytemuck::{Pod, Zeroable};
+use wgpu::util::DeviceExt;
+
+use crate::context::GpuContext;
+use crate::error::{KvqError, Result};
+use crate::kernels::{InputType, KernelConfig, Pipelines};
+use crate::spec::CacheSpec;
+
+/// Above this many new tokens an append is spread over many workgroups (plus a commit
+/// dispatch); at or below it one workgroup per sequence writes and commits in one dispatch.
+const SMALL_APPEND_MAX_TOKENS: u32 = 64;
+/// Words each invocation of the wide append handles at least.
+const WIDE_ITEMS: u32 = 16;
+/// Invocations per decode workgroup.
+const DECODE_WG: u32 = 128;
+/// Fewest tokens per decode split before fewer splits are used.
+const MIN_CHUNK: u32 = 32;
+/// Most partials per query head (sized into the reduce kernel's workgroup memory).
+const MAX_SPLITS_TOTAL: u32 = 1024;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SegParams {
+    layer: u32,
+    seg_start: u32,
+    seg_tokens: u32,
+    is_last: u32,
+    split_base: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct InputParams {
+    n: u32,
+    items: u32,
+    _pad: [u32; 2],
+}
+
+/// One storage segment of one layer: a range of token positions in its own buffers, so that
+/// capacities past one binding's size limit are split rather than refused.
+struct Segment {
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    append_bg: wgpu::BindGroup,
+    decode_bg: wgpu::BindGroup,
+}
+
+/// How a cache's storage and decode work are laid out on this device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Storage segments per layer (1 unless one layer's rows pass a binding's size limit).
+    pub segments: u32,
+    /// Token positions per segment (the last may hold fewer).
+    pub segment_tokens: u32,
+    /// Decode splits per segment.
+    pub splits: u32,
+    /// Bytes of one stored K row (one token, one KV head).
+    pub k_row_bytes: u64,
+    /// Bytes of one stored V row.
+    pub v_row_bytes: u64,
+}
+
+/// Caller buffers prepared for [`KvCache::append`]: bind groups are built once here, so
+/// recording an append allocates nothing.
+pub struct AppendInput {
+    bind_group: wgpu::BindGroup,
+    n: u32,
+    input: InputType,
+    wide_groups: u32,
+}
+
+impl AppendInput {
+    /// Tokens per sequence each append with this input writes.
+    pub fn tokens(&self) -> u32 {
+        self.n
+    }
+}
+
+/// Caller buffers prepared for [`KvCache::attend`]: the query `[B, q_heads, head_dim]` f32 and
+/// the output of the same shape.
+pub struct AttendIo {
+    bind_group: wgpu::BindGroup,
+}
+
+struct HostIo {
+    n: u32,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    input: AppendInput,
+}
+
+struct HostQuery {
+    q: wgpu::Buffer,
+    out: wgpu::Buffer,
+    io: AttendIo,
+}
+
+/// A quantized (or f16) KV cache living on the GPU.
+///
+/// Storage is allocated once, at creation. Sequence lengths live on the GPU, one per (layer,
+/// sequence); kvq keeps a host mirror of what it has recorded, to refuse appends past the
+/// capacity before they reach the GPU. The GPU checks again and writes nothing on overflow.
+pub struct KvCache {
+    ctx: GpuContext,
+    spec: CacheSpec,
+    cfg: KernelConfig,
+    layout: Layout,
+    pipes: Pipelines,
+    layers: Vec<Vec<Segment>>,
+    lens: wgpu::Buffer,
+    host_lens: Vec<u32>,
+    host_io: Mutex<Option<HostIo>>,
+    host_query: Mutex<Option<HostQuery>>,
+}
+
+fn default_splits(ctx: &GpuContext, seg_tokens: u32) -> u32 {
+    if ctx.is_cpu() {
+        // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
+        seg_tokens.div_ceil(1024).clamp(1, 4)
+    } else {
+        seg_tokens.div_ceil(512).clamp(1, 64)
+    }
+}
+
+impl KvCache {
+    /// Allocates the store and builds the kernels for `spec` on `ctx`'s device.
+    pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
+        spec.validate()?;
+        let device = &ctx.device;
+        let limits = device.limits();
+        let d = spec.head_dim;
+        let k_row_bytes = spec.codecs.k.row_words(d) as u64 * 4;
+        let v_row_bytes = spec.codecs.v.row_words(d) as u64 * 4;
+        let per_token = spec.batch as u64 * spec.kv_heads as u64 * k_row_bytes.max(v_row_bytes);
+        let max_binding =
+            (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let mut seg_tokens = (max_binding / per_token).min(spec.capacity as u64) as u32;
+        if let Some(t) = spec.segment_tokens {
+            seg_tokens = seg_tokens.min(t);
+        }
+        if seg_tokens == 0 {
+            return Err(KvqError::AdapterTooWeak {
+                adapter: ctx.info.name.clone(),
+                what: "max_storage_buffer_binding_size (one token of every sequence and head)"
+                    .into(),
+                needed: per_token,
+                have: max_binding,
+            });
+        }
+        let segments = spec.capacity.div_ceil(seg_tokens);
+        let mut splits = spec
+            .splits
+            .unwrap_or_else(|| default_splits(ctx, seg_tokens));
+        splits = splits.min(MAX_SPLITS_TOTAL / segments).max(1);
+        if segments > MAX_SPLITS_TOTAL {
+            return Err(KvqError::InvalidSpec(format!(
+                "capacity {} needs {segments} storage segments on this adapter; at most {MAX_SPLITS_TOTAL} are supported",
+                spec.capacity
+            )));
+        }
+        let layout = Layout {
+            segments,
+            segment_tokens: seg_tokens,
+            splits,
+            k_row_bytes,
+            v_row_bytes,
+        };
+        let cfg = KernelConfig {
+            head_dim: d,
+            gqa: spec.gqa(),
+            kv_heads: spec.kv_heads,
+            batch: spec.batch,
+            capacity: spec.capacity,
+            layers: spec.layers,
+            splits,
+            segments,
+            min_chunk: MIN_CHUNK,
+            scale: spec.softmax_scale(),
+            workgroup: DECODE_WG,
+            k: spec.codecs.k,
+            v: spec.codecs.v,
+        };
+        let wg_bytes = cfg.split_workgroup_bytes();
+        if wg_bytes > limits.max_compute_workgroup_storage_size {
+            return Err(KvqError::AdapterTooWeak {
+                adapter: ctx.info.name.clone(),
+                what: "max_compute_workgroup_storage_size".into(),
+                needed: wg_bytes as u64,
+                have: limits.max_compute_workgroup_storage_size as u64,
+            });
+        }
+        let pipes = Pipelines::new(device, &cfg)?;
+
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let n_lens = (spec.layers * spec.batch) as usize;
+        // Lengths then overflow flags, all zero: an empty cache.
+        let lens = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvq lengths"),
+            size: (2 * n_lens * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let splits_total = cfg.splits_total() as u64;
+        let part_floats = spec.batch as u64 * spec.q_heads as u64 * splits_total * (d as u64 + 2);
+        let partials = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvq decode partials"),
+            size: part_floats * 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let rows = |t: u32| spec.batch as u64 * spec.kv_heads as u64 * t as u64;
+        let store_usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        let mut layers = Vec::with_capacity(spec.layers as usize);
+        for layer in 0..spec.layers {
+            let mut segs = Vec::with_capacity(segments as usize);
+            for s in 0..segments {
+                let start = s * seg_tokens;
+                let tokens = seg_tokens.min(spec.capacity - start);
+                let buf = |label: &str, row: u64| {
+                    device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(label),
+                        size: rows(tokens) * row,
+                        usage: store_usage,
+                        mapped_at_creation: false,
+                    })
+                };
+                let k = buf("kvq K store", k_row_bytes);
+                let v = buf("kvq V store", v_row_bytes);
+                let params = SegParams {
+                    layer,
+                    seg_start: start,
+                    seg_tokens: tokens,
+                    is_last: (s + 1 == segments) as u32,
+                    split_base: s * splits,
+                    _pad: [0; 3],
+                };
+                // Written once at creation, not per step.
+                ctx.counters()
+                    .add_upload(std::mem::size_of::<SegParams>() as u64);
+                let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("kvq segment params"),
+                    contents: bytemuck::bytes_of(&params),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+                let bg = |layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]| {
+                    let entries: Vec<_> = bufs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| wgpu::BindGroupEntry {
+                            binding: i as u32,
+                            resource: b.as_entire_binding(),
+                        })
+                        .collect();
+                    device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout,
+                        entries: &entries,
+                    })
+                };
+                let append_bg = bg(&pipes.append_store, &[&params, &k, &v, &lens]);
+                let decode_bg = bg(&pipes.decode_store, &[&params, &k, &v, &lens, &partials]);
+                segs.push(Segment {
+                    k,
+                    v,
+                    append_bg,
+                    decode_bg,
+                });
+            }
+            layers.push(segs);
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(KvqError::Gpu(format!("allocating the cache failed: {e}")));
+        }
+        Ok(KvCache {
+            ctx: ctx.clone(),
+            host_lens: vec![0; n_lens],
+            spec,
+            cfg,
+            layout,
+            pipes,
+            layers,
+            lens,
+            host_io: Mutex::new(None),
+            host_query: Mutex::new(None),
+        })
+    }
+
+    /// The spec this cache was built from.
+    pub fn spec(&self) -> &CacheSpec {
+        &self.spec
+    }
+
+    /// How storage and decode work are laid out on this device.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The kernel configuration (shape constants) of this cache's shaders.
+    pub fn kernel_config(&self) -> &KernelConfig {
+        &self.cfg
+    }
+
+    /// The context this cache records onto.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// Bytes of K and V storage on the device (all layers).
+    pub fn store_bytes(&self) -> u64 {
+        let rows = self.spec.layers as u64
+            * self.spec.batch as u64
+            * self.spec.kv_heads as u64
+            * self.spec.capacity as u64;
+        rows * (self.layout.k_row_bytes + self.layout.v_row_bytes)
+    }
+
+    /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length).
+    pub fn len(&self, layer: u32, seq: u32) -> Result<u32> {
+        self.check_layer(layer)?;
+        if seq >= self.spec.batch {
+            return Err(KvqError::InvalidSpec(format!(
+                "sequence {seq} out of range (batch {})",
+                self.spec.batch
+            )));
+        }
+        Ok(self.host_lens[(layer * self.spec.batch + seq) as usize])
+    }
+
+    /// True when no layer of any sequence holds a token.
+    pub fn is_empty(&self) -> bool {
+        self.host_lens.iter().all(|&l| l == 0)
+    }
+
+    fn check_layer(&self, layer: u32) -> Result<()> {
+        if layer >= self.spec.layers {
+            return Err(KvqError::LayerOutOfRange {
+                layer,
+                layers: self.spec.layers,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_buffer(
+        &self,
+        what: &str,
+        buf: &wgpu::Buffer,
+        need: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<()> {
+        if buf.size() < need {
+            return Err(KvqError::BadBuffer {
+                what: what.into(),
+                problem: format!("{} bytes, needs at least {need}", buf.size()),
+            });
+        }
+        if !buf.usage().contains(usage) {
+            return Err(KvqError::BadBuffer {
+                what: what.into(),
+                problem: format!("usage {:?} lacks {usage:?}", buf.usage()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Prepares caller buffers holding `n` new tokens per sequence, layout
+    /// `[batch, n, kv_heads, head_dim]` of `input` elements, for [`KvCache::append`].
+    pub fn append_input(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+    ) -> Result<AppendInput> {
+        if n == 0 {
+            return Err(KvqError::InvalidSpec(
+                "append needs at least one token".into(),
+            ));
+        }
+        if n > self.spec.capacity {
+            return Err(KvqError::CapacityExceeded {
+                layer: 0,
+                len: 0,
+                n,
+                capacity: self.spec.capacity,
+            });
+        }
+        let s = &self.spec;
+        let need = s.batch as u64 * n as u64 * s.kv_heads as u64 * s.head_dim as u64 * input.size();
+        self.check_buffer("k", k, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("v", v, need, wgpu::BufferUsages::STORAGE)?;
+        let words = n as u64 * s.kv_heads as u64 * (s.head_dim as u64 / 2);
+        let max_groups = self
+            .ctx
+            .device
+            .limits()
+            .max_compute_workgroups_per_dimension as u64;
+        let items = (WIDE_ITEMS as u64).max(words.div_ceil(256 * max_groups)) as u32;
+        let wide_groups = words.div_ceil(256 * items as u64) as u32;
+        let params = InputParams {
+            n,
+            items,
+            _pad: [0; 2],
+        };
+        self.ctx
+            .counters()
+            .add_upload(std::mem::size_of::<InputParams>() as u64);
+        let pbuf = self
+            .ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("kvq append params"),
+                contents: bytemuck::bytes_of(&params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let bind_group = self
+            .ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("kvq append input"),
+                layout: &self.pipes.append_input,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: k.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: v.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: pbuf.as_entire_binding(),
+                    },
+                ],
+            });
+        Ok(AppendInput {
+            bind_group,
+            n,
+            input,
+            wide_groups,
+        })
+    }
+
+    /// Prepares a caller's query buffer (`[batch, q_heads, head_dim]` f32, STORAGE) and output
+    /// buffer (same shape, STORAGE) for [`KvCache::attend`].
+    pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
+        let s = &self.spec;
+        let need = s.batch as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
+        self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)?;
+        let bind_group = self
+            .ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("kvq attend io"),
+                layout: &self.pipes.decode_io,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: q.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: out.as_entire_binding(),
+                    },
+                ],
+            });
+        Ok(AttendIo { bind_group })
+    }
+
+    /// Records an append of `input`'s tokens to `layer` into an open compute pass.
+    ///
+    /// Refused (nothing recorded) when any sequence would pass the capacity.
+    pub fn append_in_pass(
+        &mut self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let b = self.spec.batch as usize;
+        let lens = &mut self.host_lens[layer as usize * b..(layer as usize + 1) * b];
+        if let Some(&len) = lens
+            .iter()
+            .find(|&&l| l as u64 + input.n as u64 > self.spec.capacity as u64)
+        {
+            return Err(KvqError::CapacityExceeded {
+                layer,
+                len,
+                n: input.n,
+                capacity: self.spec.capacity,
+            });
+        }
+        let pipes = &self.pipes.append[input.input as usize];
+        let segs = &self.layers[layer as usize];
+        pass.set_bind_group(1, &input.bind_group, &[]);
+        let mut dispatches = 0;
+        if input.n <= SMALL_APPEND_MAX_TOKENS {
+            pass.set_pipeline(&pipes[0]);
+            for seg in segs {
+                pass.set_bind_group(0, &seg.append_bg, &[]);
+                pass.dispatch_workgroups(1, self.spec.batch, 1);
+                dispatches += 1;
+            }
+        } else {
+            pass.set_pipeline(&pipes[1]);
+            for seg in segs {
+                pass.set_bind_group(0, &seg.append_bg, &[]);
+                pass.dispatch_workgroups(input.wide_groups, self.spec.batch, 1);
+                dispatches += 1;
+            }
+            pass.set_pipeline(&pipes[2]);
+            pass.dispatch_workgroups(1, self.spec.batch, 1);
+            dispatches += 1;
+        }
+        self.ctx.counters().add_dispatches(dispatches);
+        for l in lens.iter_mut() {
+            *l += input.n;
+        }
+        Ok(())
+    }
+
+    /// Records decode attention of `io`'s query over `layer`'s stored prefix into an open
+    /// compute pass. Reads the lengths on the GPU: nothing is uploaded. A sequence with no
+    /// tokens gets a zero output.
+    pub fn attend_in_pass(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        io: &AttendIo,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let segs = &self.layers[layer as usize];
+        pass.set_bind_group(1, &io.bind_group, &[]);
+        pass.set_pipeline(&self.pipes.split);
+        for seg in segs {
+            pass.set_bind_group(0, &seg.decode_bg, &[]);
+            pass.dispatch_workgroups(self.layout.splits, self.spec.kv_heads, self.spec.batch);
+        }
+        pass.set_pipeline(&self.pipes.reduce);
+        pass.dispatch_workgroups(self.spec.q_heads, self.spec.batch, 1);
+        self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
+        Ok(())
+    }
+
+    /// Records an append into `encoder` (in a compute pass of its own).
+    pub fn append(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("kvq append"),
+            timestamp_writes: None,
+        });
+        self.append_in_pass(&mut pass, layer, input)
+    }
+
+    /// Records decode attention into `encoder` (in a compute pass of its own).
+    pub fn attend(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        io: &AttendIo,
+    ) -> Result<()> {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("kvq attend"),
+            timestamp_writes: None,
+        });
+        self.attend_in_pass(&mut pass, layer, io)
+    }
+
+    /// Host convenience: uploads `k` and `v` (`[batch, n, kv_heads, head_dim]` f32) and appends
+    /// them to `layer`, waiting for the GPU.
+    pub fn append_host(&mut self, layer: u32, k: &[f32], v: &[f32]) -> Result<()> {
+        self.check_layer(layer)?;
+        let s = &self.spec;
+        let per_tok = (s.batch * s.kv_heads * s.head_dim) as usize;
+        if k.is_empty() || k.len() % per_tok != 0 {
+            return Err(KvqError::WrongLength {
+                what: format!(
+                    "k (a whole number of tokens of batch*kv_heads*head_dim = {per_tok})"
+                ),
+                expected: per_tok * (k.len() / per_tok).max(1),
+                got: k.len(),
+            });
+        }
+        if v.len() != k.len() {
+            return Err(KvqError::WrongLength {
+                what: "v (same as k)".into(),
+                expected: k.len(),
+                got: v.len(),
+            });
+        }
+        let n = (k.len() / per_tok) as u32;
+        let mut slot = self
+            .host_io
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if slot.as_ref().map(|h| h.n) != Some(n) {
+            let buf = |label| {
+                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: (k.len() * 4) as u64,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            };
+            let (kb, vb) = (buf("kvq host k"), buf("kvq host v"));
+            let input = self.append_input(&kb, &vb, n, InputType::F32)?;
+            slot = Some(HostIo {
+                n,
+                k: kb,
+                v: vb,
+                input,
+            });
+        }
+        let io = slot.expect("host io set above");
+        self.ctx.upload(&io.k, 0, bytemuck::cast_slice(k));
+        self.ctx.upload(&io.v, 0, bytemuck::cast_slice(v));
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        let res = self.append(&mut enc, layer, &io.input);
+        if res.is_ok() {
+            self.ctx.submit_and_wait(enc.finish())?;
+        }
+        *self.host_io.lock().unwrap_or_else(|e| e.into_inner()) = Some(io);
+        res
+    }
+
+    /// Host convenience: attends `q` (`[batch, q_heads, head_dim]` f32) over `layer` and
+    /// returns the output, same shape.
+    pub fn attend_host(&self, layer: u32, q: &[f32]) -> Result<Vec<f32>> {
+        self.check_layer(layer)?;
+        let s = &self.spec;
+        let want = (s.batch * s.q_heads * s.head_dim) as usize;
+        if q.len() != want {
+            return Err(KvqError::WrongLength {
+                what: "q ([batch, q_heads, head_dim])".into(),
+                expected: want,
+                got: q.len(),
+            });
+        }
+        for b in 0..s.batch {
+            if self.len(layer, b)? == 0 {
+                return Err(KvqError::EmptySequence { layer });
+            }
+        }
+        let mut guard = self.host_query.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let buf = |label, usage| {
+                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: (want * 4) as u64,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            };
+            let q = buf(
+                "kvq host q",
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            );
+            let out = buf(
+                "kvq host out",
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            );
+            let io = self.attend_io(&q, &out)?;
+            *guard = Some(HostQuery { q, out, io });
+        }
+        let hq = guard.as_ref().expect("host query set above");
+        self.ctx.upload(&hq.q, 0, bytemuck::cast_slice(q));
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.attend(&mut enc, layer, &hq.io)?;
+        self.ctx.submit_and_wait(enc.finish())?;
+        let bytes = self.ctx.read_back(&hq.out, 0, (want * 4) as u64)?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Reads the lengths and overflow flags from the GPU (`[layers * batch]` each): for tests
+    /// and diagnostics, not for the hot path.
+    pub fn read_gpu_lengths(&self) -> Result<(Vec<u32>, Vec<u32>)> {
+        let n = (self.spec.layers * self.spec.batch) as usize;
+        let bytes = self.ctx.read_back(&self.lens, 0, (2 * n * 4) as u64)?;
+        let all: &[u32] = bytemuck::cast_slice(&bytes);
+        Ok((all[..n].to_vec(), all[n..].to_vec()))
+    }
+
+    /// Reads the raw stored rows of `layer` (K then V, each `[batch, kv_heads, capacity, row]`
+    /// words, segments concatenated per row range): for tests and diagnostics.
+    pub fn read_raw_rows(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
+        self.check_layer(layer)?;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for seg in &self.layers[layer as usize] {
+            k.extend_from_slice(bytemuck::cast_slice(&self.ctx.read_back(
+                &seg.k,
+                0,
+                seg.k.size(),
+            )?));
+            v.extend_from_slice(bytemuck::cast_slice(&self.ctx.read_back(
+                &seg.v,
+                0,
+                seg.v.size(),
+            )?));
+        }
+        Ok((k, v))
+    }
+}

@@ -1,0 +1,304 @@
+//! The GPU context: adapter selection, device limits, and transfer counters.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{KvqError, Result};
+
+/// Counts of host<->GPU traffic and GPU work that kvq itself caused.
+///
+/// Every queue write, readback and dispatch kvq makes goes through these counters, so a caller
+/// (and the tests) can prove that a recorded decode step moves zero host bytes.
+#[derive(Debug, Default)]
+pub struct TransferCounters {
+    uploaded: AtomicU64,
+    downloaded: AtomicU64,
+    dispatches: AtomicU64,
+    submits: AtomicU64,
+}
+
+/// A snapshot of [`TransferCounters`]; subtract two to get the traffic of what happened between.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Bytes kvq wrote to the GPU through the queue.
+    pub bytes_uploaded: u64,
+    /// Bytes kvq read back from the GPU.
+    pub bytes_downloaded: u64,
+    /// Compute dispatches kvq recorded.
+    pub dispatches: u64,
+    /// Command buffers kvq submitted itself (host convenience API only).
+    pub submits: u64,
+}
+
+impl std::ops::Sub for TransferStats {
+    type Output = TransferStats;
+    fn sub(self, o: TransferStats) -> TransferStats {
+        TransferStats {
+            bytes_uploaded: self.bytes_uploaded - o.bytes_uploaded,
+            bytes_downloaded: self.bytes_downloaded - o.bytes_downloaded,
+            dispatches: self.dispatches - o.dispatches,
+            submits: self.submits - o.submits,
+        }
+    }
+}
+
+impl TransferCounters {
+    pub(crate) fn add_upload(&self, n: u64) {
+        self.uploaded.fetch_add(n, Ordering::Relaxed);
+    }
+    pub(crate) fn add_download(&self, n: u64) {
+        self.downloaded.fetch_add(n, Ordering::Relaxed);
+    }
+    pub(crate) fn add_dispatches(&self, n: u64) {
+        self.dispatches.fetch_add(n, Ordering::Relaxed);
+    }
+    pub(crate) fn add_submit(&self) {
+        self.submits.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The current totals.
+    pub fn snapshot(&self) -> TransferStats {
+        TransferStats {
+            bytes_uploaded: self.uploaded.load(Ordering::Relaxed),
+            bytes_downloaded: self.downloaded.load(Ordering::Relaxed),
+            dispatches: self.dispatches.load(Ordering::Relaxed),
+            submits: self.submits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Optional accelerations the device has turned on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `shader-f16` is enabled.
+    pub f16: bool,
+    /// Subgroup operations are enabled.
+    pub subgroups: bool,
+    /// Timestamp queries (inside and at compute pass boundaries) are enabled.
+    pub timestamps: bool,
+}
+
+/// The smallest workgroup-memory budget kvq's kernels are written for (Apple's limit).
+pub const WORKGROUP_MEMORY_NEEDED: u32 = 32 * 1024;
+/// Invocations per workgroup kvq's kernels use at most.
+pub const INVOCATIONS_NEEDED: u32 = 256;
+
+/// A wgpu device and queue that kvq records onto, with the counters of kvq's own traffic.
+///
+/// Cheap to clone (everything inside is reference counted).
+#[derive(Clone, Debug)]
+pub struct GpuContext {
+    /// The device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// What adapter this is (name, backend, type).
+    pub info: wgpu::AdapterInfo,
+    caps: Capabilities,
+    counters: Arc<TransferCounters>,
+}
+
+fn backends_from_env() -> wgpu::Backends {
+    wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
+}
+
+impl GpuContext {
+    /// Opens a device on this system's GPU.
+    ///
+    /// The adapter is chosen by `WGPU_BACKEND` (e.g. `vulkan`, `metal`) and `WGPU_ADAPTER_NAME`
+    /// (a substring of the adapter name) when set, else the high-performance adapter. Only what
+    /// kvq needs is requested; f16, subgroups and timestamps are enabled when offered.
+    pub fn new() -> Result<GpuContext> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// Async form of [`GpuContext::new`].
+    pub async fn new_async() -> Result<GpuContext> {
+        let backends = backends_from_env();
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+        });
+        let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
+            Ok(want) if !want.is_empty() => {
+                let adapters = instance.enumerate_adapters(backends).await;
+                let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&want.to_lowercase()))
+                    .ok_or_else(|| KvqError::NoAdapter {
+                        detail: format!(
+                            "WGPU_ADAPTER_NAME='{want}' matches none of [{}] (backends {backends:?})",
+                            names.join(", ")
+                        ),
+                    })?
+            }
+            _ => instance
+                .request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::from_env()
+                        .unwrap_or(wgpu::PowerPreference::HighPerformance),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| KvqError::NoAdapter {
+                    detail: format!("backends {backends:?}: {e}"),
+                })?,
+        };
+        Self::from_adapter(&adapter).await
+    }
+
+    /// Opens a device on a given adapter, asking for kvq's limits and optional features.
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
+        let info = adapter.get_info();
+        let have = adapter.limits();
+        let need = |what: &str, needed: u64, got: u64| -> Result<()> {
+            if got < needed {
+                return Err(KvqError::AdapterTooWeak {
+                    adapter: info.name.clone(),
+                    what: what.into(),
+                    needed,
+                    have: got,
+                });
+            }
+            Ok(())
+        };
+        need(
+            "max_compute_workgroup_storage_size",
+            WORKGROUP_MEMORY_NEEDED as u64,
+            have.max_compute_workgroup_storage_size as u64,
+        )?;
+        need(
+            "max_compute_invocations_per_workgroup",
+            INVOCATIONS_NEEDED as u64,
+            have.max_compute_invocations_per_workgroup as u64,
+        )?;
+        need(
+            "max_storage_buffers_per_shader_stage",
+            8,
+            have.max_storage_buffers_per_shader_stage as u64,
+        )?;
+        let mut limits = wgpu::Limits::downlevel_defaults();
+        limits.max_compute_workgroup_storage_size = WORKGROUP_MEMORY_NEEDED;
+        limits.max_compute_invocations_per_workgroup = INVOCATIONS_NEEDED;
+        limits.max_compute_workgroup_size_x =
+            INVOCATIONS_NEEDED.min(have.max_compute_workgroup_size_x);
+        limits.max_storage_buffers_per_shader_stage = 8;
+        // Big caches want big bindings and buffers: take all the adapter offers.
+        limits.max_storage_buffer_binding_size = have.max_storage_buffer_binding_size;
+        limits.max_buffer_size = have.max_buffer_size;
+        limits.max_compute_workgroups_per_dimension = have.max_compute_workgroups_per_dimension;
+        limits.max_bind_groups = have.max_bind_groups.min(4);
+
+        let offered = adapter.features();
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let features = offered & wanted;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kvq"),
+                required_features: features,
+                required_limits: limits,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| KvqError::RequestDevice(e.to_string()))?;
+        Ok(Self::wrap(device, queue, info))
+    }
+
+    /// Wraps a caller's existing device and queue. kvq uses only the features and limits the
+    /// device already has; creating a cache that needs more is a typed error.
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+    ) -> GpuContext {
+        Self::wrap(device, queue, info)
+    }
+
+    fn wrap(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> GpuContext {
+        let f = device.features();
+        let caps = Capabilities {
+            f16: f.contains(wgpu::Features::SHADER_F16),
+            subgroups: f.contains(wgpu::Features::SUBGROUP),
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
+        GpuContext {
+            device,
+            queue,
+            info,
+            caps,
+            counters: Arc::new(TransferCounters::default()),
+        }
+    }
+
+    /// Optional accelerations available on this device.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// kvq's transfer counters for this context.
+    pub fn counters(&self) -> &TransferCounters {
+        &self.counters
+    }
+
+    /// Shorthand for `counters().snapshot()`.
+    pub fn stats(&self) -> TransferStats {
+        self.counters.snapshot()
+    }
+
+    /// True when the adapter is a CPU implementation (lavapipe, WARP, llvmpipe).
+    pub fn is_cpu(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// Writes `data` into `buffer` at `offset` through the queue, counted as an upload.
+    pub(crate) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        self.counters.add_upload(data.len() as u64);
+        self.queue.write_buffer(buffer, offset, data);
+    }
+
+    /// Submits one command buffer and waits for it, counted.
+    pub(crate) fn submit_and_wait(&self, cmd: wgpu::CommandBuffer) -> Result<()> {
+        self.counters.add_submit();
+        let idx = self.queue.submit([cmd]);
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map_err(|e| KvqError::DeviceLost(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Copies `size` bytes of `src` at `offset` back to the host, counted as a download.
+    pub(crate) fn read_back(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvq readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
+        self.submit_and_wait(enc.finish())?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| KvqError::DeviceLost(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| KvqError::DeviceLost(e.to_string()))?
+            .map_err(|e| KvqError::Gpu(format!("map failed: {e}")))?;
+        let bytes = staging
+            .get_mapped_range(..)
+            .map_err(|e| KvqError::Gpu(format!("map failed: {e:?}")))?
+            .to_vec();
+        staging.unmap();
+        self.counters.add_download(size);
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,46 @@
+//! CPU reference attention in f64: the oracle the GPU kernels are tested against (never a
+//! runtime fallback).
+
+/// Exact softmax attention for one query vector per query head.
+///
+/// `q`: `[q_heads, d]`; `k`, `v`: `[len, kv_heads, d]`; returns `[q_heads, d]`. Query head
+/// `qh` attends KV head `qh / (q_heads / kv_heads)`.
+pub fn attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+    scale: f64,
+) -> Vec<f64> {
+    let len = k.len() / (kv_heads * d);
+    let g = q_heads / kv_heads;
+    let mut out = vec![0.0; q_heads * d];
+    let mut s = vec![0.0; len];
+    for qh in 0..q_heads {
+        let h = qh / g;
+        let qv = &q[qh * d..(qh + 1) * d];
+        for (t, st) in s.iter_mut().enumerate() {
+            let kv = &k[(t * kv_heads + h) * d..][..d];
+            *st = scale * qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>();
+        }
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let mut l = 0.0;
+        let o = &mut out[qh * d..(qh + 1) * d];
+        for (t, &st) in s.iter().enumerate() {
+            let p = (st - m).exp();
+            l += p;
+            for (oi, vi) in o.iter_mut().zip(&v[(t * kv_heads + h) * d..][..d]) {
+                *oi += p * vi;
+            }
+        }
+        o.iter_mut().for_each(|x| *x /= l);
+    }
+    out
+}
+
+/// Rounds values to f16 and back, as the `none` codec stores them.
+pub fn round_f16(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect()
+}

@@ -1,0 +1,131 @@
+//! The shape of a cache: model dimensions, batch, capacity, codecs and decode tuning.
+
+use crate::codec::KvCodecs;
+use crate::error::{KvqError, Result};
+
+/// What a [`crate::KvCache`] holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheSpec {
+    /// Transformer layers (each has its own K and V store).
+    pub layers: u32,
+    /// Query heads per token.
+    pub q_heads: u32,
+    /// KV heads per token (`q_heads / kv_heads` is the GQA ratio; it must divide evenly).
+    pub kv_heads: u32,
+    /// Values per head vector (64, 96, 128 and 256 are tested).
+    pub head_dim: u32,
+    /// Tokens each sequence can hold.
+    pub capacity: u32,
+    /// Independent sequences in the cache (each with its own length on the GPU).
+    pub batch: u32,
+    /// Codecs for K and V.
+    pub codecs: KvCodecs,
+    /// Softmax scale; `None` means `1/sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Seed of the codecs' fixed random rotations.
+    pub seed: u64,
+    /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
+    /// capacity and the adapter.
+    pub splits: Option<u32>,
+    /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
+    /// Capacities above it are split into several buffers per layer.
+    pub segment_tokens: Option<u32>,
+}
+
+impl CacheSpec {
+    /// A spec with batch 1, f16 K/V and default scale, seed and splits.
+    pub fn new(
+        layers: u32,
+        q_heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        capacity: u32,
+    ) -> CacheSpec {
+        CacheSpec {
+            layers,
+            q_heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            batch: 1,
+            codecs: KvCodecs::NONE,
+            scale: None,
+            seed: 0x6b76_715f_7365_6564,
+            splits: None,
+            segment_tokens: None,
+        }
+    }
+
+    /// Sets the codecs.
+    pub fn with_codecs(mut self, codecs: KvCodecs) -> CacheSpec {
+        self.codecs = codecs;
+        self
+    }
+
+    /// Sets the batch size.
+    pub fn with_batch(mut self, batch: u32) -> CacheSpec {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets the number of decode splits per KV head.
+    pub fn with_splits(mut self, splits: u32) -> CacheSpec {
+        self.splits = Some(splits);
+        self
+    }
+
+    /// Query heads served by one KV head.
+    pub fn gqa(&self) -> u32 {
+        self.q_heads / self.kv_heads.max(1)
+    }
+
+    /// The softmax scale in effect.
+    pub fn softmax_scale(&self) -> f32 {
+        self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// Checks every field; the error says which one is wrong and why.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(KvqError::InvalidSpec(m));
+        if self.layers == 0 {
+            return bad("layers must be at least 1".into());
+        }
+        if self.kv_heads == 0 || self.q_heads == 0 {
+            return bad(format!(
+                "q_heads ({}) and kv_heads ({}) must be at least 1",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if self.q_heads % self.kv_heads != 0 {
+            return bad(format!(
+                "q_heads ({}) must be a multiple of kv_heads ({}) (GQA groups must be whole)",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if self.gqa() > 8 {
+            return bad(format!("GQA ratio {} is above the supported 8", self.gqa()));
+        }
+        if self.capacity == 0 {
+            return bad("capacity must be at least 1 token".into());
+        }
+        if self.batch == 0 {
+            return bad("batch must be at least 1".into());
+        }
+        if let Some(s) = self.scale
+            && !(s.is_finite() && s > 0.0)
+        {
+            return bad(format!("softmax scale {s} must be finite and positive"));
+        }
+        if let Some(s) = self.splits
+            && !(1..=1024).contains(&s)
+        {
+            return bad(format!("splits {s} must be between 1 and 1024"));
+        }
+        if self.segment_tokens == Some(0) {
+            return bad("segment_tokens must be at least 1".into());
+        }
+        self.codecs.k.check_head_dim(self.head_dim)?;
+        self.codecs.v.check_head_dim(self.head_dim)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,95 @@
+//! Shared test harness: one GPU context per test binary, seeded random data, poisoned outputs.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use kvq::{AttendIo, GpuContext, KvCache};
+
+/// The test device. No adapter is a failure, never a skip: CI must see the kernels run.
+pub fn ctx() -> &'static GpuContext {
+    static CTX: OnceLock<GpuContext> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let ctx = GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+        eprintln!(
+            "kvq tests on '{}' ({:?}, {:?})",
+            ctx.info.name,
+            ctx.info.backend,
+            ctx.capabilities()
+        );
+        ctx
+    })
+}
+
+/// SplitMix64: small, seeded, reproducible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+/// Attends through the recording API into an output buffer first filled with NaN, so a
+/// kernel that skips a write cannot pass.
+pub fn attend_poisoned(cache: &KvCache, layer: u32, q: &[f32]) -> Vec<f32> {
+    let ctx = cache.context();
+    let dev = &ctx.device;
+    let bytes = (q.len() * 4) as u64;
+    let mk = |usage| {
+        dev.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let qb = mk(wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST);
+    let ob = mk(wgpu::BufferUsages::STORAGE
+        | wgpu::BufferUsages::COPY_DST
+        | wgpu::BufferUsages::COPY_SRC);
+    let rb = mk(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+    ctx.queue.write_buffer(&qb, 0, bytemuck::cast_slice(q));
+    ctx.queue
+        .write_buffer(&ob, 0, bytemuck::cast_slice(&vec![f32::NAN; q.len()]));
+    let io: AttendIo = cache.attend_io(&qb, &ob).expect("attend_io");
+    let mut enc = dev.create_command_encoder(&Default::default());
+    cache.attend(&mut enc, layer, &io).expect("attend");
+    enc.copy_buffer_to_buffer(&ob, 0, &rb, 0, bytes);
+    ctx.queue.submit([enc.finish()]);
+    rb.map_async(wgpu::MapMode::Read, .., |r| r.expect("map"));
+    dev.poll(wgpu::PollType::wait_indefinitely()).expect("poll");
+    let out = bytemuck::cast_slice(&rb.get_mapped_range(..).expect("mapped")).to_vec();
+    rb.unmap();
+    out
+}
+
+/// Max |a - b| / max |b|.
+pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
+    assert_eq!(gpu.len(), reference.len());
+    let scale = reference
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(1e-30);
+    gpu.iter()
+        .zip(reference)
+        .map(|(&a, &b)| (a as f64 - b).abs())
+        .fold(0.0, f64::max)
+        / scale
+}

@@ -1,0 +1,165 @@
+//! GPU decode attention against the f64 reference, over f16 storage (codec `none`).
+
+mod common;
+
+use common::{Rng, attend_poisoned, ctx, rel_err};
+use kvq::{CacheSpec, KvCache, reference};
+
+const TOL: f64 = 1e-3;
+
+/// A cache plus host copies of everything appended, to compute the reference.
+struct Checked {
+    cache: KvCache,
+    /// [layer][seq] -> stored rows, [len, kv_heads, d], as f16-rounded f64.
+    k: Vec<Vec<Vec<f64>>>,
+    v: Vec<Vec<Vec<f64>>>,
+    rng: Rng,
+}
+
+impl Checked {
+    fn new(spec: CacheSpec, seed: u64) -> Checked {
+        let (l, b) = (spec.layers as usize, spec.batch as usize);
+        let cache = KvCache::new(ctx(), spec).expect("cache");
+        Checked {
+            cache,
+            k: vec![vec![Vec::new(); b]; l],
+            v: vec![vec![Vec::new(); b]; l],
+            rng: Rng(seed),
+        }
+    }
+
+    fn append(&mut self, layer: u32, n: usize) {
+        let s = self.cache.spec().clone();
+        let per = (s.kv_heads * s.head_dim) as usize;
+        let k = self.rng.normals(s.batch as usize * n * per, 1.0);
+        let v = self.rng.normals(s.batch as usize * n * per, 1.0);
+        self.cache.append_host(layer, &k, &v).expect("append");
+        for b in 0..s.batch as usize {
+            let r = b * n * per..(b + 1) * n * per;
+            self.k[layer as usize][b].extend(reference::round_f16(&k[r.clone()]));
+            self.v[layer as usize][b].extend(reference::round_f16(&v[r]));
+        }
+    }
+
+    /// Attends a random query on `layer` and returns the max relative error of every sequence.
+    fn check(&mut self, layer: u32) -> f64 {
+        let s = self.cache.spec().clone();
+        let (qh, d) = (s.q_heads as usize, s.head_dim as usize);
+        // Queries scaled up a little so the softmax is not flat.
+        let q = self.rng.normals(s.batch as usize * qh * d, 2.0);
+        let out = attend_poisoned(&self.cache, layer, &q);
+        let mut worst = 0.0f64;
+        for b in 0..s.batch as usize {
+            let qb: Vec<f64> = q[b * qh * d..(b + 1) * qh * d]
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            let want = reference::attention(
+                &qb,
+                &self.k[layer as usize][b],
+                &self.v[layer as usize][b],
+                qh,
+                s.kv_heads as usize,
+                d,
+                s.softmax_scale() as f64,
+            );
+            let got = &out[b * qh * d..(b + 1) * qh * d];
+            assert!(
+                got.iter().all(|x| x.is_finite()),
+                "non-finite output (poison survived?)"
+            );
+            worst = worst.max(rel_err(got, &want));
+        }
+        worst
+    }
+}
+
+/// Every head_dim x GQA ratio, growing token by token across split and tile boundaries.
+#[test]
+fn shapes_grid_matches_reference() {
+    for &d in &[64u32, 96, 128, 256] {
+        for &g in &[1u32, 2, 4, 8] {
+            let kvh = if g == 8 { 1 } else { 2 };
+            // 3 splits of >= 32 tokens: boundaries at 32/64/96 then chunks of len/3.
+            let spec = CacheSpec::new(1, kvh * g, kvh, d, 300).with_splits(3);
+            let mut c = Checked::new(spec, (d * 10 + g) as u64);
+            let mut len = 0;
+            for target in [
+                1usize, 2, 31, 32, 33, 64, 65, 96, 97, 128, 129, 200, 257, 299, 300,
+            ] {
+                let n = target - len;
+                if n > 0 {
+                    c.append(0, n);
+                }
+                len = target;
+                let e = c.check(0);
+                assert!(e <= TOL, "d={d} g={g} len={len}: rel err {e:e}");
+            }
+        }
+    }
+}
+
+/// Single-token steps after a prefill, over several layers with different data.
+#[test]
+fn prefill_then_steps_over_layers() {
+    let spec = CacheSpec::new(3, 8, 2, 128, 700).with_splits(4);
+    let mut c = Checked::new(spec, 7);
+    for layer in 0..3 {
+        c.append(layer, 500); // wide append path
+    }
+    for _ in 0..5 {
+        for layer in 0..3 {
+            c.append(layer, 1);
+            let e = c.check(layer);
+            assert!(e <= TOL, "layer {layer}: rel err {e:e}");
+        }
+    }
+    assert_eq!(c.cache.len(2, 0).unwrap(), 505);
+    let (gpu_lens, overflow) = c.cache.read_gpu_lengths().unwrap();
+    assert_eq!(gpu_lens, vec![505, 505, 505]);
+    assert!(overflow.iter().all(|&f| f == 0));
+}
+
+/// Capacity split across several storage buffers: appends straddle segment edges.
+#[test]
+fn segmented_store_matches_reference() {
+    let mut spec = CacheSpec::new(2, 4, 2, 64, 230).with_splits(2);
+    spec.segment_tokens = Some(50);
+    let mut c = Checked::new(spec, 11);
+    assert_eq!(c.cache.layout().segments, 5);
+    for (i, n) in [45usize, 10, 1, 1, 70, 3, 100].into_iter().enumerate() {
+        c.append(i as u32 % 2, n);
+        c.append((i as u32 + 1) % 2, n);
+        for layer in 0..2 {
+            let e = c.check(layer);
+            assert!(e <= TOL, "after chunk {i} layer {layer}: rel err {e:e}");
+        }
+    }
+    assert_eq!(c.cache.len(0, 0).unwrap(), 230);
+}
+
+/// Several sequences in one cache, each with its own data.
+#[test]
+fn batch_of_sequences() {
+    let spec = CacheSpec::new(1, 8, 4, 64, 256)
+        .with_batch(3)
+        .with_splits(2);
+    let mut c = Checked::new(spec, 21);
+    c.append(0, 100);
+    for _ in 0..3 {
+        c.append(0, 1);
+        let e = c.check(0);
+        assert!(e <= TOL, "rel err {e:e}");
+    }
+}
+
+/// A custom softmax scale is honoured.
+#[test]
+fn custom_scale() {
+    let mut spec = CacheSpec::new(1, 4, 4, 64, 64);
+    spec.scale = Some(0.5);
+    let mut c = Checked::new(spec, 5);
+    c.append(0, 40);
+    let e = c.check(0);
+    assert!(e <= TOL, "rel err {e:e}");
+}

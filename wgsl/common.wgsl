@@ -1,0 +1,38 @@
+// Shared helpers for every kvq kernel. The Rust side prepends a block of `const`
+// declarations (shape, codec and tuning constants) before this file; see src/kernels.rs.
+
+// Masked score / empty-max sentinel: finite so exp(NEG - m) is 0, never NaN.
+const NEG: f32 = -3.0e38;
+
+// Per (layer, storage segment) dispatch parameters, written once when the cache is built.
+struct Seg {
+    layer: u32,
+    // First token position held by this segment's buffers.
+    seg_start: u32,
+    // Tokens each (sequence, kv head) run holds in this segment (the row stride).
+    seg_tokens: u32,
+    // 1 for the segment holding the last positions: its append dispatch commits the length.
+    is_last: u32,
+    // Index of this segment's first split in the partials buffer.
+    split_base: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+// Row index of (sequence b, kv head h, token position pos) inside a segment's buffer.
+fn seg_row(b: u32, h: u32, pos: u32, s: Seg) -> u32 {
+    return (b * KVH + h) * s.seg_tokens + (pos - s.seg_start);
+}
+
+// Index of the length of (layer, sequence) in the lengths buffer; overflow flags follow them.
+fn len_index(layer: u32, b: u32) -> u32 {
+    return layer * B + b;
+}
+
+fn unpack8(w: vec4<u32>) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+    );
+}
