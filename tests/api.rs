@@ -1,0 +1,215 @@
+//! Typed errors for bad input, zero host traffic per recorded step, and f16 inputs.
+
+mod common;
+
+use common::{Rng, attend_poisoned, ctx, rel_err};
+use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError, reference};
+
+fn buffer(size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+    ctx().device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size,
+        usage,
+        mapped_at_creation: false,
+    })
+}
+
+#[test]
+fn bad_specs_are_typed_errors() {
+    let bad = [
+        CacheSpec::new(1, 6, 4, 64, 16),  // GQA not whole
+        CacheSpec::new(1, 32, 2, 64, 16), // GQA 16
+        CacheSpec::new(0, 4, 4, 64, 16),  // no layers
+        CacheSpec::new(1, 4, 4, 64, 0),   // no capacity
+        CacheSpec::new(1, 4, 0, 64, 16),  // no kv heads
+        CacheSpec::new(1, 4, 4, 64, 16).with_batch(0),
+        CacheSpec::new(1, 4, 4, 64, 16).with_splits(0),
+    ];
+    for spec in bad {
+        match KvCache::new(ctx(), spec.clone()) {
+            Err(KvqError::InvalidSpec(msg)) => assert!(!msg.is_empty()),
+            Err(e) => panic!("{spec:?}: unexpected error {e}"),
+            Ok(_) => panic!("{spec:?} was accepted"),
+        }
+    }
+    for d in [0, 100, 512] {
+        assert!(matches!(
+            KvCache::new(ctx(), CacheSpec::new(1, 4, 4, d, 16)),
+            Err(KvqError::UnsupportedHeadDim { .. })
+        ));
+    }
+    let e = KvCodecs::parse("k_nonsense9").unwrap_err();
+    assert!(
+        matches!(&e, KvqError::UnknownCodec { valid, .. } if valid.contains("none")),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_calls_are_typed_errors_and_change_nothing() {
+    let spec = CacheSpec::new(2, 4, 2, 64, 10);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let tok = vec![0.5f32; 2 * 64];
+    assert!(matches!(
+        cache.append_host(2, &tok, &tok),
+        Err(KvqError::LayerOutOfRange {
+            layer: 2,
+            layers: 2
+        })
+    ));
+    assert!(matches!(
+        cache.append_host(0, &tok[1..], &tok[1..]),
+        Err(KvqError::WrongLength { .. })
+    ));
+    assert!(matches!(
+        cache.append_host(0, &tok, &tok[..64]),
+        Err(KvqError::WrongLength { .. })
+    ));
+    assert!(matches!(
+        cache.append_host(0, &[], &[]),
+        Err(KvqError::WrongLength { .. })
+    ));
+    assert!(matches!(
+        cache.attend_host(0, &vec![0.0; 4 * 64]),
+        Err(KvqError::EmptySequence { layer: 0 })
+    ));
+    assert!(matches!(
+        cache.attend_host(0, &[0.0; 3]),
+        Err(KvqError::WrongLength { .. })
+    ));
+
+    let mut rng = Rng(3);
+    let k = rng.normals(8 * 2 * 64, 1.0);
+    let v = rng.normals(8 * 2 * 64, 1.0);
+    cache.append_host(0, &k, &v).unwrap();
+    let q = rng.normals(4 * 64, 1.0);
+    let before = cache.attend_host(0, &q).unwrap();
+    // 8 + 3 > 10: refused, and neither the host mirror nor the GPU store moves.
+    let three = rng.normals(3 * 2 * 64, 1.0);
+    let e = cache.append_host(0, &three, &three).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            KvqError::CapacityExceeded {
+                layer: 0,
+                len: 8,
+                n: 3,
+                capacity: 10
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(cache.len(0, 0).unwrap(), 8);
+    assert_eq!(cache.read_gpu_lengths().unwrap().0, vec![8, 0]);
+    assert_eq!(cache.attend_host(0, &q).unwrap(), before);
+
+    // Caller buffers: too small, or lacking STORAGE.
+    let small = buffer(16, wgpu::BufferUsages::STORAGE);
+    let right = buffer(2 * 64 * 4, wgpu::BufferUsages::STORAGE);
+    let no_storage = buffer(2 * 64 * 4, wgpu::BufferUsages::COPY_DST);
+    assert!(matches!(
+        cache.append_input(&small, &right, 1, InputType::F32),
+        Err(KvqError::BadBuffer { .. })
+    ));
+    assert!(matches!(
+        cache.append_input(&right, &no_storage, 1, InputType::F32),
+        Err(KvqError::BadBuffer { .. })
+    ));
+    assert!(matches!(
+        cache.append_input(&right, &right, 0, InputType::F32),
+        Err(KvqError::InvalidSpec(_))
+    ));
+    let qbuf = buffer(4 * 64 * 4, wgpu::BufferUsages::STORAGE);
+    assert!(matches!(
+        cache.attend_io(&qbuf, &small),
+        Err(KvqError::BadBuffer { .. })
+    ));
+}
+
+/// A recorded decode step (append + attend for every layer) uploads and reads back nothing,
+/// and records a fixed 3 dispatches per layer.
+#[test]
+fn recorded_step_moves_zero_host_bytes() {
+    let layers = 4;
+    let spec = CacheSpec::new(layers, 8, 2, 64, 128).with_splits(2);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let k = buffer(2 * 64 * 4, usage);
+    let v = buffer(2 * 64 * 4, usage);
+    let q = buffer(8 * 64 * 4, usage);
+    let out = buffer(8 * 64 * 4, usage);
+    let mut rng = Rng(9);
+    ctx()
+        .queue
+        .write_buffer(&k, 0, bytemuck::cast_slice(&rng.normals(128, 1.0)));
+    ctx()
+        .queue
+        .write_buffer(&v, 0, bytemuck::cast_slice(&rng.normals(128, 1.0)));
+    ctx()
+        .queue
+        .write_buffer(&q, 0, bytemuck::cast_slice(&rng.normals(512, 1.0)));
+    let input = cache.append_input(&k, &v, 1, InputType::F32).unwrap();
+    let io = cache.attend_io(&q, &out).unwrap();
+    for _step in 0..3 {
+        let before = ctx().stats();
+        let mut enc = ctx().device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for layer in 0..layers {
+                cache.append_in_pass(&mut pass, layer, &input).unwrap();
+                cache.attend_in_pass(&mut pass, layer, &io).unwrap();
+            }
+        }
+        let d = ctx().stats() - before;
+        assert_eq!((d.bytes_uploaded, d.bytes_downloaded), (0, 0));
+        assert_eq!(d.dispatches, 3 * layers as u64);
+        ctx().queue.submit([enc.finish()]);
+    }
+    assert_eq!(
+        cache.read_gpu_lengths().unwrap().0,
+        vec![3; layers as usize]
+    );
+}
+
+/// f16 inputs (two halves per word) append the same values as f32 inputs.
+#[test]
+fn f16_input_matches_reference() {
+    let spec = CacheSpec::new(1, 4, 2, 96, 100).with_splits(2);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let mut rng = Rng(17);
+    let n = 70u32; // wide path
+    let k = rng.normals(n as usize * 2 * 96, 1.0);
+    let v = rng.normals(n as usize * 2 * 96, 1.0);
+    let halves = |x: &[f32]| {
+        x.iter()
+            .map(|&f| half::f16::from_f32(f).to_bits())
+            .collect::<Vec<u16>>()
+    };
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let kb = buffer(k.len() as u64 * 2, usage);
+    let vb = buffer(v.len() as u64 * 2, usage);
+    ctx()
+        .queue
+        .write_buffer(&kb, 0, bytemuck::cast_slice(&halves(&k)));
+    ctx()
+        .queue
+        .write_buffer(&vb, 0, bytemuck::cast_slice(&halves(&v)));
+    let input = cache.append_input(&kb, &vb, n, InputType::F16).unwrap();
+    let mut enc = ctx().device.create_command_encoder(&Default::default());
+    cache.append(&mut enc, 0, &input).unwrap();
+    ctx().queue.submit([enc.finish()]);
+    let q = rng.normals(4 * 96, 2.0);
+    let got = attend_poisoned(&cache, 0, &q);
+    let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+    let want = reference::attention(
+        &q64,
+        &reference::round_f16(&k),
+        &reference::round_f16(&v),
+        4,
+        2,
+        96,
+        1.0 / 96f64.sqrt(),
+    );
+    let e = rel_err(&got, &want);
+    assert!(e <= 1e-3, "rel err {e:e}");
+}

@@ -1,0 +1,153 @@
+//! Every WGSL kernel, as kvq generates it for a spread of shapes, is parsed and validated by
+//! naga and written to MSL (2.4), HLSL (SM 6.0) and SPIR-V (1.3); `spirv-val` checks the
+//! SPIR-V when installed (CI sets KVQ_REQUIRE_SPIRV_VAL=1 so a missing spirv-val fails).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use kvq::{Codec, KernelConfig};
+use naga::back::{hlsl, msl, spv};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+fn configs() -> Vec<KernelConfig> {
+    let mut v = Vec::new();
+    for &(d, g) in &[
+        (64u32, 1u32),
+        (96, 2),
+        (128, 4),
+        (256, 8),
+        (128, 8),
+        (64, 8),
+    ] {
+        v.push(KernelConfig {
+            head_dim: d,
+            gqa: g,
+            kv_heads: 8 / g.min(8),
+            batch: 2,
+            capacity: 4096,
+            layers: 3,
+            splits: 16,
+            segments: 2,
+            min_chunk: 32,
+            scale: 1.0 / (d as f32).sqrt(),
+            workgroup: 128,
+            k: Codec::NONE,
+            v: Codec::NONE,
+        });
+    }
+    v
+}
+
+fn spirv_val(words: &[u32], name: &str) {
+    let required = std::env::var("KVQ_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
+    let child = Command::new("spirv-val")
+        .args(["--target-env", "vulkan1.1", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                !required,
+                "spirv-val is required (KVQ_REQUIRE_SPIRV_VAL=1) but could not run: {e}"
+            );
+            eprintln!("spirv-val not found; SPIR-V of {name} not checked by it");
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(bytemuck::cast_slice(words))
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "spirv-val rejects {name}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn every_kernel_translates_to_every_backend() {
+    let mut checked = 0;
+    for cfg in configs() {
+        for (name, src) in cfg.sources() {
+            let name = format!("{name} (d={}, g={})", cfg.head_dim, cfg.gqa);
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            let info = // unpack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which WebGPU core and every wgpu backend grant.
+                Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            for ep in &module.entry_points {
+                let stage = ep.stage;
+                let (module, info) = naga::back::pipeline_constants::process_overrides(
+                    &module,
+                    &info,
+                    Some((stage, &ep.name)),
+                    &Default::default(),
+                )
+                .unwrap_or_else(|e| panic!("{name}/{}: overrides: {e}", ep.name));
+
+                let msl_opts = msl::Options {
+                    lang_version: (2, 4),
+                    fake_missing_bindings: true,
+                    ..Default::default()
+                };
+                let msl_pipe = msl::PipelineOptions {
+                    entry_point: Some((stage, ep.name.clone())),
+                    ..Default::default()
+                };
+                msl::write_string(&module, &info, &msl_opts, &msl_pipe)
+                    .unwrap_or_else(|e| panic!("{name}/{}: MSL: {e}", ep.name));
+
+                let hlsl_opts = hlsl::Options {
+                    shader_model: hlsl::ShaderModel::V6_0,
+                    fake_missing_bindings: true,
+                    ..Default::default()
+                };
+                let hlsl_pipe = hlsl::PipelineOptions {
+                    entry_point: Some((stage, ep.name.clone())),
+                };
+                let mut out = String::new();
+                hlsl::Writer::new(&mut out, &hlsl_opts, &hlsl_pipe)
+                    .write(&module, &info, None)
+                    .unwrap_or_else(|e| panic!("{name}/{}: HLSL: {e}", ep.name));
+
+                let spv_opts = spv::Options {
+                    lang_version: (1, 3),
+                    ..Default::default()
+                };
+                let spv_pipe = spv::PipelineOptions {
+                    shader_stage: stage,
+                    entry_point: ep.name.clone(),
+                };
+                let words = spv::write_vec(&module, &info, &spv_opts, Some(&spv_pipe))
+                    .unwrap_or_else(|e| panic!("{name}/{}: SPIR-V: {e}", ep.name));
+                spirv_val(&words, &format!("{name}/{}", ep.name));
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} entry points translated");
+    assert!(checked >= 6 * 5);
+}
+
+/// No kernel may assume a subgroup size, and none uses subgroup operations yet: the portable
+/// path is the only path (browsers cannot request subgroups through wgpu).
+#[test]
+fn kernels_use_no_subgroup_builtins() {
+    for cfg in configs() {
+        for (name, src) in cfg.sources() {
+            assert!(
+                !src.contains("subgroup"),
+                "{name} uses subgroup operations without a fallback"
+            );
+        }
+    }
+}
