@@ -81,6 +81,11 @@ impl KvCodecs {
         vec!["none".into()]
     }
 
+    /// The cache names `--codecs all` expands to in the sweep.
+    pub fn all_names() -> Vec<String> {
+        Self::valid_names()
+    }
+
     /// Parses a cache codec name: `none`, `k_<codec>` (K only), `<codec>_sym` (K and V), or
     /// `k=<codec>,v=<codec>`.
     pub fn parse(name: &str) -> Result<KvCodecs, KvqError> {
