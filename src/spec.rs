@@ -121,6 +121,13 @@ impl CacheSpec {
         {
             return bad(format!("splits {s} must be between 1 and 1024"));
         }
+        if self.head_dim % 32 != 0 || !(32..=256).contains(&self.head_dim) {
+            return Err(KvqError::UnsupportedHeadDim {
+                head_dim: self.head_dim,
+                codec: self.codecs.name(),
+                reason: "kvq's kernels need a multiple of 32 between 32 and 256".into(),
+            });
+        }
         if self.segment_tokens == Some(0) {
             return bad("segment_tokens must be at least 1".into());
         }

@@ -22,7 +22,7 @@ const J: u32 = WG / VC;
 const PART_ML: u32 = B * QH * SPLITS_TOTAL * D;
 
 var<workgroup> q_sh: array<vec4<f32>, G * D / 4u>;
-var<workgroup> s_sh: array<f32, G * WG>;
+var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
 var<workgroup> p_sh: array<f32, G * WG>;
 var<workgroup> comb: array<vec4<f32>, G * D / 4u>;
 var<workgroup> lcomb: array<f32, G>;
@@ -69,18 +69,19 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if lid < tn {
             sc = k_scores(row0 + t0 + lid);
         }
+        let s4 = lid / 4u;
         for (var g = 0u; g < G; g++) {
-            s_sh[g * WG + lid] = select(NEG, sc[g], lid < tn);
+            s_sh[g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc[g], lid < tn);
         }
         workgroupBarrier();
         // Online softmax: every thread derives the same tile max, so m stays uniform.
         var alpha: array<f32, G>;
         for (var g = 0u; g < G; g++) {
-            var mt = NEG;
-            for (var i = 0u; i < tn; i++) {
-                mt = max(mt, s_sh[g * WG + i]);
+            var mt = vec4<f32>(NEG);
+            for (var i = 0u; i < WG / 4u; i++) {
+                mt = max(mt, s_sh[g * (WG / 4u) + i]);
             }
-            let m_new = max(m[g], mt);
+            let m_new = max(m[g], max(max(mt.x, mt.y), max(mt.z, mt.w)));
             alpha[g] = exp(m[g] - m_new);
             m[g] = m_new;
             p_sh[g * WG + lid] = select(0.0, exp(sc[g] - m_new), lid < tn);
@@ -92,7 +93,22 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
                 acc[g] *= alpha[g];
                 l[g] *= alpha[g];
             }
-            for (var i = j; i < tn; i += J) {
+            // Four independent loads in flight per batch: a lone load per token would leave
+            // the loop waiting on memory latency once per token.
+            var i = j;
+            for (; i + 3u * J < tn; i += 4u * J) {
+                let r = row0 + t0 + i;
+                let v0 = v_load(r, c);
+                let v1 = v_load(r + J, c);
+                let v2 = v_load(r + 2u * J, c);
+                let v3 = v_load(r + 3u * J, c);
+                for (var g = 0u; g < G; g++) {
+                    let p = vec4<f32>(p_sh[g * WG + i], p_sh[g * WG + i + J], p_sh[g * WG + i + 2u * J], p_sh[g * WG + i + 3u * J]);
+                    acc[g] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+                    l[g] += p.x + p.y + p.z + p.w;
+                }
+            }
+            for (; i < tn; i += J) {
                 let v = v_load(row0 + t0 + i, c);
                 for (var g = 0u; g < G; g++) {
                     let p = p_sh[g * WG + i];
@@ -138,39 +154,65 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     }
 }
 
-const RED_WG: u32 = 64u;
+const RED_WG: u32 = 128u;
+// Output columns (4 values each) and split lanes of the reduce workgroup.
+const RC: u32 = D / 4u;
+const RL: u32 = RED_WG / RC;
 var<workgroup> w_sh: array<f32, SPLITS_TOTAL>;
-var<workgroup> l_sh: array<f32, RED_WG>;
+var<workgroup> red: array<f32, RED_WG>;
+var<workgroup> red4: array<vec4<f32>, RED_WG>;
 
 // Dispatch (QH, B, 1): merges the partials of one query head into out[b, qh, :].
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let qh = wid.x;
     let b = wid.y;
     let base = (b * QH + qh) * SPLITS_TOTAL;
     var mx = NEG;
-    for (var s = 0u; s < SPLITS_TOTAL; s++) {
+    for (var s = lid; s < SPLITS_TOTAL; s += RED_WG) {
         mx = max(mx, part[PART_ML + 2u * (base + s)]);
     }
+    red[lid] = mx;
+    workgroupBarrier();
+    mx = NEG;
+    for (var i = 0u; i < RED_WG; i++) {
+        mx = max(mx, red[i]);
+    }
+    workgroupBarrier();
     var lsum = 0.0;
     for (var s = lid; s < SPLITS_TOTAL; s += RED_WG) {
         let w = exp(part[PART_ML + 2u * (base + s)] - mx);
         w_sh[s] = w;
         lsum += w * part[PART_ML + 2u * (base + s) + 1u];
     }
-    l_sh[lid] = lsum;
+    red[lid] = lsum;
     workgroupBarrier();
     var total = 0.0;
     for (var i = 0u; i < RED_WG; i++) {
-        total += l_sh[i];
+        total += red[i];
     }
-    // An empty sequence has total 0: its output is defined as zeros.
-    let inv = select(0.0, 1.0 / total, total > 0.0);
-    for (var d = lid; d < D; d += RED_WG) {
-        var o = 0.0;
-        for (var s = 0u; s < SPLITS_TOTAL; s++) {
-            o += w_sh[s] * part[(base + s) * D + d];
+    // Thread (c, r) sums columns 4c..4c+3 over splits r, r+RL, ...
+    let c = lid % RC;
+    let r = lid / RC;
+    var o = vec4<f32>(0.0);
+    if r < RL {
+        for (var s = r; s < SPLITS_TOTAL; s += RL) {
+            let p = (base + s) * D + 4u * c;
+            o += w_sh[s] * vec4<f32>(part[p], part[p + 1u], part[p + 2u], part[p + 3u]);
         }
-        out[(b * QH + qh) * D + d] = o * inv;
+    }
+    red4[lid] = o;
+    workgroupBarrier();
+    if r == 0u {
+        for (var k = 1u; k < RL; k++) {
+            o += red4[k * RC + c];
+        }
+        // An empty sequence has total 0: its output is defined as zeros.
+        let inv = select(0.0, 1.0 / total, total > 0.0);
+        let p = (b * QH + qh) * D + 4u * c;
+        out[p] = o.x * inv;
+        out[p + 1u] = o.y * inv;
+        out[p + 2u] = o.z * inv;
+        out[p + 3u] = o.w * inv;
     }
 }

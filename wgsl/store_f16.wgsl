@@ -6,10 +6,15 @@
 fn k_scores(row: u32) -> array<f32, G> {
     var sc: array<f32, G>;
     let r = row * (D / 8u);
-    for (var w = 0u; w < D / 8u; w++) {
-        let k = unpack8(k_store[r + w]);
-        for (var g = 0u; g < G; g++) {
-            sc[g] += dot(q_sh[g * (D / 4u) + 2u * w], k[0]) + dot(q_sh[g * (D / 4u) + 2u * w + 1u], k[1]);
+    // D is a multiple of 32: four 16-byte loads are issued together before their math.
+    for (var w = 0u; w < D / 8u; w += 4u) {
+        let k = array<vec4<u32>, 4>(k_store[r + w], k_store[r + w + 1u], k_store[r + w + 2u], k_store[r + w + 3u]);
+        for (var u = 0u; u < 4u; u++) {
+            let kk = unpack8(k[u]);
+            for (var g = 0u; g < G; g++) {
+                let qo = g * (D / 4u) + 2u * (w + u);
+                sc[g] += dot(q_sh[qo], kk[0]) + dot(q_sh[qo + 1u], kk[1]);
+            }
         }
     }
     return sc;
