@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Runs on the H200 device machine: the PyTorch anchor and kvq sweeps in one session, so the
-# ratios are side by side. Usage: bash bench/h200.sh OUTDIR [extra sweep args...]
-# Needs: .gl/ (Vulkan loader .debs) and target/release/examples/sweep carried along.
+# Runs on the H200 device machine: the PyTorch SDPA anchor and a kvq sweep in one session, so
+# the ratios are side by side. Usage: bash bench/h200.sh OUTDIR [sweep args...]
+# Needs .gl/ (libvulkan1 and the glvnd libraries as .debs, see ../shared/bench/README.md) and
+# target/release/examples/sweep carried along.
 set -u
 out=${1:?outdir}; shift
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json WGPU_BACKEND=vulkan
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+export WGPU_BACKEND=vulkan
 tag="h200-$(date -u +%Y-%m-%d)"
 nvidia-smi -L | tee "$out/device-$tag.txt"
-PYTHONUNBUFFERED=1 python3 bench/anchor_torch_sdpa.py > "$out/anchor-$tag.jsonl" 2> "$out/anchor-$tag.err" &
-anchor=$!
-wait $anchor
+PYTHONUNBUFFERED=1 python3 bench/anchor_torch_sdpa.py > "$out/anchor-$tag.jsonl" 2> "$out/anchor-$tag.err"
+grep cudnn "$out/anchor-$tag.jsonl"
 ./target/release/examples/sweep "$@" --csv "$out/sweep-$tag.csv" 2>&1 | tee "$out/sweep-$tag.log"

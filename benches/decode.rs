@@ -7,12 +7,16 @@ use wgpu::util::DeviceExt;
 
 fn decode(c: &mut Criterion) {
     let ctx = GpuContext::new().expect("benchmarks need a GPU adapter");
-    let (q_heads, kv_heads, d, ctxs): (u32, u32, u32, &[u32]) =
-        if ctx.is_cpu() { (8, 2, 64, &[256, 1024]) } else { (32, 8, 128, &[1024, 4096, 32768]) };
+    let (q_heads, kv_heads, d, ctxs): (u32, u32, u32, &[u32]) = if ctx.is_cpu() {
+        (8, 2, 64, &[256, 1024])
+    } else {
+        (32, 8, 128, &[1024, 4096, 32768])
+    };
     let mut group = c.benchmark_group("attend_one_layer");
     group.sample_size(20);
     for &n in ctxs {
-        let mut cache = KvCache::new(&ctx, CacheSpec::new(1, q_heads, kv_heads, d, n)).expect("cache");
+        let mut cache =
+            KvCache::new(&ctx, CacheSpec::new(1, q_heads, kv_heads, d, n)).expect("cache");
         let mut x = 0x1234_5678u32;
         let mut rnd = || {
             x ^= x << 13;
@@ -22,14 +26,17 @@ fn decode(c: &mut Criterion) {
         };
         let vals: Vec<f32> = (0..n * kv_heads * d).map(|_| rnd()).collect();
         let mk = |data: &[f32]| {
-            ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: None,
-                contents: bytemuck::cast_slice(data),
-                usage: wgpu::BufferUsages::STORAGE,
-            })
+            ctx.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: None,
+                    contents: bytemuck::cast_slice(data),
+                    usage: wgpu::BufferUsages::STORAGE,
+                })
         };
         let (kb, vb) = (mk(&vals), mk(&vals.iter().map(|v| -v).collect::<Vec<_>>()));
-        let input = cache.append_input(&kb, &vb, n, InputType::F32).expect("input");
+        let input = cache
+            .append_input(&kb, &vb, n, InputType::F32)
+            .expect("input");
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         cache.append(&mut enc, 0, &input).expect("append");
         ctx.queue.submit([enc.finish()]);
@@ -47,7 +54,12 @@ fn decode(c: &mut Criterion) {
                 let mut enc = ctx.device.create_command_encoder(&Default::default());
                 cache.attend(&mut enc, 0, &io).expect("attend");
                 let idx = ctx.queue.submit([enc.finish()]);
-                ctx.device.poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None }).expect("poll");
+                ctx.device
+                    .poll(wgpu::PollType::Wait {
+                        submission_index: Some(idx),
+                        timeout: None,
+                    })
+                    .expect("poll");
             })
         });
     }

@@ -19,6 +19,8 @@ const WIDE_ITEMS: u32 = 16;
 const DECODE_WG: u32 = 128;
 /// Fewest tokens per decode split before fewer splits are used.
 const MIN_CHUNK: u32 = 32;
+/// Tokens per K interleave block (`KB` in wgsl/common.wgsl).
+const K_BLOCK: u32 = 32;
 /// Most partials per query head (sized into the reduce kernel's workgroup memory).
 const MAX_SPLITS_TOTAL: u32 = 1024;
 
@@ -123,7 +125,8 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32) -> u32 {
         // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
         seg_tokens.div_ceil(1024).clamp(1, 4)
     } else {
-        seg_tokens.div_ceil(512).clamp(1, 64)
+        // Measured on an H200 (BENCHMARKS.md): 64 splits was best from 4k to 32k tokens.
+        64
     }
 }
 
@@ -142,6 +145,10 @@ impl KvCache {
         let mut seg_tokens = (max_binding / per_token).min(spec.capacity as u64) as u32;
         if let Some(t) = spec.segment_tokens {
             seg_tokens = seg_tokens.min(t);
+        }
+        if seg_tokens < spec.capacity {
+            // Segment starts must fall on K interleave blocks.
+            seg_tokens -= seg_tokens % K_BLOCK;
         }
         if seg_tokens == 0 {
             return Err(KvqError::AdapterTooWeak {
@@ -224,7 +231,10 @@ impl KvCache {
             let mut segs = Vec::with_capacity(segments as usize);
             for s in 0..segments {
                 let start = s * seg_tokens;
-                let tokens = seg_tokens.min(spec.capacity - start);
+                // Allocated in whole K interleave blocks; positions past capacity stay unused.
+                let tokens = seg_tokens
+                    .min(spec.capacity - start)
+                    .next_multiple_of(K_BLOCK);
                 let buf = |label: &str, row: u64| {
                     device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some(label),
@@ -316,11 +326,11 @@ impl KvCache {
 
     /// Bytes of K and V storage on the device (all layers).
     pub fn store_bytes(&self) -> u64 {
-        let rows = self.spec.layers as u64
-            * self.spec.batch as u64
-            * self.spec.kv_heads as u64
-            * self.spec.capacity as u64;
-        rows * (self.layout.k_row_bytes + self.layout.v_row_bytes)
+        self.layers
+            .iter()
+            .flatten()
+            .map(|s| s.k.size() + s.v.size())
+            .sum()
     }
 
     /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length).

@@ -84,6 +84,7 @@ impl KernelConfig {
         h += &c("SPLITS_TOTAL", self.splits_total());
         h += &c("MIN_CHUNK", self.min_chunk);
         h += &c("WG", self.workgroup);
+        h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
         h += &format!("const SCALE: f32 = {:e};\n", self.scale);
         h
     }
@@ -112,7 +113,10 @@ impl KernelConfig {
             #[allow(unreachable_patterns)]
             _ => unreachable!("codec checked by KernelConfig::check"),
         };
-        format!("{}\n{COMMON}\n{store}\n{DECODE}", self.header())
+        expand_heads(
+            &format!("{}\n{COMMON}\n{store}\n{DECODE}", self.header()),
+            self.gqa,
+        )
     }
 
     /// Every kernel source with a short name, as compiled for this configuration.
@@ -129,6 +133,25 @@ impl KernelConfig {
         let (g, d, wg) = (self.gqa, self.head_dim, self.workgroup);
         4 * (2 * g * d + 2 * g * wg + g + 1)
     }
+}
+
+/// Repeats every line holding `$g` once per query head of a GQA group, with `$g` replaced by
+/// the head's index: per-head state then lives in named registers rather than in a private
+/// array indexed at run time (which most GPU compilers spill to memory).
+pub(crate) fn expand_heads(src: &str, gqa: u32) -> String {
+    let mut out = String::with_capacity(src.len() * 2);
+    for line in src.lines() {
+        if line.contains("$g") {
+            for g in 0..gqa {
+                out += &line.replace("$g", &g.to_string());
+                out.push('\n');
+            }
+        } else {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Bind group layouts and pipelines of one cache.

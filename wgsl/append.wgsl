@@ -36,10 +36,11 @@ fn write_word(b: u32, base: u32, i: u32) {
         return;
     }
     let rem = i % words_per_tok;
-    let dst = seg_row(b, rem / (D / 2u), pos, seg) * (D / 2u) + rem % (D / 2u);
+    let w = rem % (D / 2u);
+    let row = seg_row(b, rem / (D / 2u), pos, seg);
     let src = (b * input.n + t) * words_per_tok + rem;
-    k_store[dst] = pack2x16float(in_pair_k(src));
-    v_store[dst] = pack2x16float(in_pair_v(src));
+    k_store[4u * k_chunk(row, w / 4u) + w % 4u] = pack2x16float(in_pair_k(src));
+    v_store[row * (D / 2u) + w] = pack2x16float(in_pair_v(src));
 }
 
 // Overflow (base + n > CAP) writes nothing and raises the sequence's overflow flag instead.

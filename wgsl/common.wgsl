@@ -25,6 +25,16 @@ fn seg_row(b: u32, h: u32, pos: u32, s: Seg) -> u32 {
     return (b * KVH + h) * s.seg_tokens + (pos - s.seg_start);
 }
 
+// K rows are interleaved in blocks of KB tokens: 16-byte chunk w of the KB tokens of a block
+// lie side by side, so a thread-per-token read of chunk w is one contiguous, coalesced access.
+// (V rows stay plain: V is read a row at a time across threads.) seg_tokens is a multiple of KB.
+const KB: u32 = 32u;
+
+// Index (in 16-byte chunks) of chunk w of K row `row` (as from seg_row); K_CHUNKS per row.
+fn k_chunk(row: u32, w: u32) -> u32 {
+    return (row - row % KB) * K_CHUNKS + w * KB + row % KB;
+}
+
 // Index of the length of (layer, sequence) in the lengths buffer; overflow flags follow them.
 fn len_index(layer: u32, b: u32) -> u32 {
     return layer * B + b;

@@ -6,7 +6,7 @@
 // partials. Lengths are read on the GPU, so a step needs no host data.
 //
 // The store's readers come from the codec file linked in front of this one:
-//   fn k_scores(row: u32) -> array<f32, G>   scores of row against q_sh (already scaled)
+//   fn k_scores(row: u32)                    sets sc$g, the scores of row against q_sh
 //   fn v_load(row: u32, c: u32) -> vec4<f32> values 4c..4c+3 of row
 
 @group(0) @binding(0) var<uniform> seg: Seg;
@@ -27,6 +27,23 @@ var<workgroup> p_sh: array<f32, G * WG>;
 var<workgroup> comb: array<vec4<f32>, G * D / 4u>;
 var<workgroup> lcomb: array<f32, G>;
 var<workgroup> len_sh: u32;
+
+// Per-query-head state lives in named registers: lines holding `$g` are repeated for each
+// head g of the group by kvq's preprocessor (src/kernels.rs), so nothing is indexed
+// dynamically (a dynamically indexed private array would spill to memory on most GPUs).
+var<private> sc$g: f32;
+
+fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, m: f32, l: f32) {
+    let o = (pi + g * SPLITS_TOTAL) * D + 4u * c;
+    part[o] = acc.x;
+    part[o + 1u] = acc.y;
+    part[o + 2u] = acc.z;
+    part[o + 3u] = acc.w;
+    if c == 0u {
+        part[PART_ML + 2u * (pi + g * SPLITS_TOTAL)] = m;
+        part[PART_ML + 2u * (pi + g * SPLITS_TOTAL) + 1u] = l;
+    }
+}
 
 // Dispatch (NSPLIT, KVH, B) per segment.
 @compute @workgroup_size(WG)
@@ -54,45 +71,35 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 
     let c = lid % VC;
     let j = lid / VC;
-    var m: array<f32, G>;
-    var l: array<f32, G>;
-    var acc: array<vec4<f32>, G>;
-    for (var g = 0u; g < G; g++) {
-        m[g] = NEG;
-    }
+    var m$g = NEG;
+    var l$g = 0.0;
+    var acc$g = vec4<f32>(0.0);
     let row0 = seg_row(b, h, seg.seg_start, seg);
 
     for (var t0 = start; t0 < end; t0 += WG) {
         let tn = min(WG, end - t0);
-        // Keys: one token per thread.
-        var sc: array<f32, G>;
+        // Keys: one token per thread; k_scores sets sc$g.
+        sc$g = 0.0;
         if lid < tn {
-            sc = k_scores(row0 + t0 + lid);
+            k_scores(row0 + t0 + lid);
         }
         let s4 = lid / 4u;
-        for (var g = 0u; g < G; g++) {
-            s_sh[g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc[g], lid < tn);
-        }
+        s_sh[$g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc$g, lid < tn);
         workgroupBarrier();
         // Online softmax: every thread derives the same tile max, so m stays uniform.
-        var alpha: array<f32, G>;
-        for (var g = 0u; g < G; g++) {
-            var mt = vec4<f32>(NEG);
-            for (var i = 0u; i < WG / 4u; i++) {
-                mt = max(mt, s_sh[g * (WG / 4u) + i]);
-            }
-            let m_new = max(m[g], max(max(mt.x, mt.y), max(mt.z, mt.w)));
-            alpha[g] = exp(m[g] - m_new);
-            m[g] = m_new;
-            p_sh[g * WG + lid] = select(0.0, exp(sc[g] - m_new), lid < tn);
+        var mt$g = vec4<f32>(NEG);
+        for (var i = 0u; i < WG / 4u; i++) {
+            mt$g = max(mt$g, s_sh[$g * (WG / 4u) + i]);
         }
+        let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
+        let alpha$g = exp(m$g - mn$g);
+        m$g = mn$g;
+        p_sh[$g * WG + lid] = select(0.0, exp(sc$g - mn$g), lid < tn);
         workgroupBarrier();
         // Values: thread (c, j) accumulates columns 4c..4c+3 over tokens j, j+J, ...
         if j < J {
-            for (var g = 0u; g < G; g++) {
-                acc[g] *= alpha[g];
-                l[g] *= alpha[g];
-            }
+            acc$g *= alpha$g;
+            l$g *= alpha$g;
             // Four independent loads in flight per batch: a lone load per token would leave
             // the loop waiting on memory latency once per token.
             var i = j;
@@ -102,19 +109,14 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
                 let v1 = v_load(r + J, c);
                 let v2 = v_load(r + 2u * J, c);
                 let v3 = v_load(r + 3u * J, c);
-                for (var g = 0u; g < G; g++) {
-                    let p = vec4<f32>(p_sh[g * WG + i], p_sh[g * WG + i + J], p_sh[g * WG + i + 2u * J], p_sh[g * WG + i + 3u * J]);
-                    acc[g] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
-                    l[g] += p.x + p.y + p.z + p.w;
-                }
+                let p$g = vec4<f32>(p_sh[$g * WG + i], p_sh[$g * WG + i + J], p_sh[$g * WG + i + 2u * J], p_sh[$g * WG + i + 3u * J]);
+                acc$g += p$g.x * v0 + p$g.y * v1 + p$g.z * v2 + p$g.w * v3;
+                l$g += p$g.x + p$g.y + p$g.z + p$g.w;
             }
             for (; i < tn; i += J) {
                 let v = v_load(row0 + t0 + i, c);
-                for (var g = 0u; g < G; g++) {
-                    let p = p_sh[g * WG + i];
-                    acc[g] += p * v;
-                    l[g] += p;
-                }
+                acc$g += p_sh[$g * WG + i] * v;
+                l$g += p_sh[$g * WG + i];
             }
         }
     }
@@ -122,35 +124,21 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // Merge the J token lanes into lane 0 (all lanes share m).
     for (var r = 1u; r < J; r++) {
         if j == r {
-            for (var g = 0u; g < G; g++) {
-                comb[g * VC + c] = acc[g];
-                if c == 0u {
-                    lcomb[g] = l[g];
-                }
+            comb[$g * VC + c] = acc$g;
+            if c == 0u {
+                lcomb[$g] = l$g;
             }
         }
         workgroupBarrier();
         if j == 0u {
-            for (var g = 0u; g < G; g++) {
-                acc[g] += comb[g * VC + c];
-                l[g] += lcomb[g];
-            }
+            acc$g += comb[$g * VC + c];
+            l$g += lcomb[$g];
         }
         workgroupBarrier();
     }
     if j == 0u {
-        for (var g = 0u; g < G; g++) {
-            let pi = (b * QH + h * G + g) * SPLITS_TOTAL + seg.split_base + s;
-            let o = pi * D + 4u * c;
-            part[o] = acc[g].x;
-            part[o + 1u] = acc[g].y;
-            part[o + 2u] = acc[g].z;
-            part[o + 3u] = acc[g].w;
-            if c == 0u {
-                part[PART_ML + 2u * pi] = m[g];
-                part[PART_ML + 2u * pi + 1u] = l[g];
-            }
-        }
+        let pi = (b * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
+        write_partial($gu, pi, c, acc$g, m$g, l$g);
     }
 }
 
@@ -196,7 +184,16 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     let r = lid / RC;
     var o = vec4<f32>(0.0);
     if r < RL {
-        for (var s = r; s < SPLITS_TOTAL; s += RL) {
+        // Two partials per iteration keep independent loads in flight.
+        var s = r;
+        for (; s + RL < SPLITS_TOTAL; s += 2u * RL) {
+            let p0 = (base + s) * D + 4u * c;
+            let p1 = p0 + RL * D;
+            let a = vec4<f32>(part[p0], part[p0 + 1u], part[p0 + 2u], part[p0 + 3u]);
+            let e = vec4<f32>(part[p1], part[p1 + 1u], part[p1 + 2u], part[p1 + 3u]);
+            o += w_sh[s] * a + w_sh[s + RL] * e;
+        }
+        if s < SPLITS_TOTAL {
             let p = (base + s) * D + 4u * c;
             o += w_sh[s] * vec4<f32>(part[p], part[p + 1u], part[p + 2u], part[p + 3u]);
         }
