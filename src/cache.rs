@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use bytemuck::{Pod, Zeroable};
 use wgpu::util::DeviceExt;
 
+use crate::codec::CodecKind;
 use crate::context::GpuContext;
 use crate::error::{KvqError, Result};
 use crate::kernels::{InputType, KernelConfig, Pipelines};
@@ -134,14 +135,23 @@ impl KvCache {
     /// Allocates the store and builds the kernels for `spec` on `ctx`'s device.
     pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
         spec.validate()?;
+        for c in [spec.codecs.k, spec.codecs.v] {
+            if c.kind != CodecKind::None {
+                return Err(KvqError::InvalidSpec(format!(
+                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels yet; only 'none' runs on the GPU",
+                    c.name()
+                )));
+            }
+        }
         let device = &ctx.device;
         let limits = device.limits();
         let d = spec.head_dim;
         let k_row_bytes = spec.codecs.k.row_words(d) as u64 * 4;
         let v_row_bytes = spec.codecs.v.row_words(d) as u64 * 4;
         let per_token = spec.batch as u64 * spec.kv_heads as u64 * k_row_bytes.max(v_row_bytes);
-        let max_binding =
-            (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let max_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
         let mut seg_tokens = (max_binding / per_token).min(spec.capacity as u64) as u32;
         if let Some(t) = spec.segment_tokens {
             seg_tokens = seg_tokens.min(t);
@@ -597,7 +607,7 @@ impl KvCache {
         self.check_layer(layer)?;
         let s = &self.spec;
         let per_tok = (s.batch * s.kv_heads * s.head_dim) as usize;
-        if k.is_empty() || k.len() % per_tok != 0 {
+        if k.is_empty() || !k.len().is_multiple_of(per_tok) {
             return Err(KvqError::WrongLength {
                 what: format!(
                     "k (a whole number of tokens of batch*kv_heads*head_dim = {per_tok})"

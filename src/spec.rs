@@ -96,7 +96,7 @@ impl CacheSpec {
                 self.q_heads, self.kv_heads
             ));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "q_heads ({}) must be a multiple of kv_heads ({}) (GQA groups must be whole)",
                 self.q_heads, self.kv_heads
@@ -121,7 +121,7 @@ impl CacheSpec {
         {
             return bad(format!("splits {s} must be between 1 and 1024"));
         }
-        if self.head_dim % 32 != 0 || !(32..=256).contains(&self.head_dim) {
+        if !self.head_dim.is_multiple_of(32) || !(32..=256).contains(&self.head_dim) {
             return Err(KvqError::UnsupportedHeadDim {
                 head_dim: self.head_dim,
                 codec: self.codecs.name(),

@@ -38,6 +38,12 @@ fn bad_specs_are_typed_errors() {
             Err(KvqError::UnsupportedHeadDim { .. })
         ));
     }
+    // Codecs with a CPU reference but no GPU kernels yet are refused with a typed error.
+    let quantized =
+        CacheSpec::new(1, 4, 4, 64, 16).with_codecs(KvCodecs::parse("turbo3_sym").unwrap());
+    assert!(
+        matches!(KvCache::new(ctx(), quantized), Err(KvqError::InvalidSpec(m)) if m.contains("turbo3"))
+    );
     let e = KvCodecs::parse("k_nonsense9").unwrap_err();
     assert!(
         matches!(&e, KvqError::UnknownCodec { valid, .. } if valid.contains("none")),

@@ -1,7 +1,92 @@
-//! KV codecs: names, stored row layout, and (in submodules) the CPU reference encoders.
+//! KV codecs: names, the stored row layout (a bit-exact contract), and the CPU reference
+//! encoders in the submodules.
 //!
-//! Every stored (token, kv-head) vector is one *row* of `u32` words. A codec fixes the row's
-//! layout; the GPU kernels and the CPU reference read and write exactly the same bits.
+//! Every stored (token, kv-head) vector of `D = head_dim` values is one *row* of `u32`
+//! words. A codec fixes the row's layout; the GPU kernels and the CPU reference
+//! ([`reference::CodecRef`]) read and write exactly the same bits. [`Codec::layout`] gives
+//! every offset below as a [`RowLayout`].
+//!
+//! # Codecs and names
+//! | name | kind | code bits | sideband |
+//! |---|---|---|---|
+//! | `none` | [`CodecKind::None`] | 16 (f16 values) | none |
+//! | `q8`, `q4` | [`CodecKind::Sym`] | 8, 4 | one f16 scale per 32 values |
+//! | `turbo1`..`turbo4` | [`CodecKind::Turbo`] (randomized Hadamard) | 1..4 | one f16 scale |
+//! | `rotor1`..`rotor4` | [`CodecKind::Rotor`] (Cl(3,0) rotor per 3 coords) | 1..4 | one f16 scale |
+//! | `iso1`..`iso4` | [`CodecKind::Iso`] (unit quaternion per 4 coords) | 1..4 | one f16 scale |
+//!
+//! A rotated name takes an optional `b` suffix for [`ScaleMode::Block32`] (one scale per 32
+//! rotated coordinates: `iso3b`, `rotor4b`, `turbo3b`) and an optional `+qjl` suffix for the
+//! 1-bit QJL residual sketch (`turbo3+qjl`, `iso3b+qjl`; meaningful for K only). `turbo0+qjl`
+//! (and `rotor0+qjl`, `iso0+qjl`) is the QJL-only configuration (no MSE stage) used by the
+//! quality tests. The defaults are `turbo3`/`iso3`/`rotor3` = per-vector scale (3.25 bits per
+//! value at `D = 128`).
+//!
+//! Cache names ([`KvCodecs::parse`]): `none`; `k_<codec>` (K quantized, V f16:
+//! `k_iso3`, `k_turbo3+qjl`); `<codec>_sym` (K and V both `<codec>`; a `+qjl` applies to K
+//! only: `turbo3+qjl_sym` is K `turbo3+qjl`, V `turbo3`); `k=<codec>,v=<codec>`.
+//!
+//! # Row layout (the contract)
+//! **Bit stream.** Row bit `k` is bit `k % 32` of word `k / 32`. A field of `b` bits at bit
+//! offset `o` holds its value LSB-first in row bits `[o, o + b)`; it may straddle two words.
+//! See [`reference::get_bits`] / [`reference::put_bits`].
+//!
+//! **`none`.** `D` f16 values: value `i` at bits `[16 i, 16 i + 16)` (so value `2i` is the low
+//! half of word `i`). `words = D / 2`.
+//!
+//! **Codes.** `n_codes` codes of `b` bits: code `i` at bits `[i b, i b + b)`.
+//! `n_codes = D` for sym, turbo and iso, `3 * ceil(D/3)` for rotor.
+//!
+//! **Sideband.** f16 values (16 bits each, IEEE binary16 bit patterns) from bit
+//! `side_offset = round_up(n_codes * b, 16)`, in order:
+//! * sym: one scale per block of 32 values (`D / 32` of them);
+//! * rotated, [`ScaleMode::PerVector`]: one value `s`;
+//! * rotated, [`ScaleMode::Block32`]: one `s_j` per block of 32 *rotated* coordinates
+//!   (`ceil(n_codes / 32)` of them; the last block may be shorter, e.g. rotor at `D = 128`
+//!   has 129 coordinates: blocks of 32, 32, 32, 32, 1).
+//!
+//! **Sym values.** `qmax = 127` (q8) or `7` (q4). Per block: `absmax = max |x_i|`;
+//! stored scale `d = f16(min(absmax / qmax, 65504))` (round to nearest even); with
+//! `d` the stored value as a float, `c_i = clamp(round(x_i / d), -qmax, qmax)` where `round`
+//! rounds half away from zero (`c_i = 0` when `d == 0`); the code field holds
+//! `u_i = c_i + 2^(b-1)`. Decode: `x̂_i = (u_i - 2^(b-1)) * d`.
+//!
+//! **Rotated codecs** (turbo, rotor, iso).
+//! 1. `x` (length `D`; rotor zero-pads it to `n_codes = 3 ceil(D/3)`) is rotated:
+//!    `y = R x` with the codec's rotation from [`rotation`] (turbo: signs then per-block
+//!    orthonormal Walsh–Hadamard; rotor: 3x3 matrix per group; iso: 4x4 left-quaternion
+//!    matrix per group), using the `f32` coefficients those functions return.
+//! 2. Scale: `PerVector`: `s = ||x|| / sqrt(D)` (the true `D`, not the padded one);
+//!    `Block32`: `s_j = sqrt(mean of y_i^2 over block j)`. Stored as f16 (round to nearest
+//!    even, clamped to 65504); everything below uses the stored (rounded) value.
+//! 3. Code `k_i` = the index into the ascending Lloyd–Max level list for N(0, 1)
+//!    ([`lloyd::codebook`]`(b)`, `f32`-rounded levels and boundaries) of `t_i = y_i / s`:
+//!    `k_i = #{j : boundary_j <= t_i}` (a value on a boundary goes to the upper bin; codes
+//!    below `2^(b-1)` are negative levels). If `s == 0`, `t_i = 0` (so `k_i = 2^(b-1)`).
+//! 4. Decode: `ŷ_i = s * level[k_i]`, `x̂ = R^T ŷ` (rotor: drop the pad coordinates).
+//!
+//! **QJL residual** (`+qjl`, K only), after the sideband:
+//! * `qjl_offset = round_up(side_offset + 16 n_side, 32)`; then `m = D` sign bits, bit `j`
+//!   at `qjl_offset + j`, `1` when `(S r)_j >= 0`, where `S` is [`rotation::qjl_matrix`]
+//!   (`m x D`) and `r = (x − x̂) / ||x||` (un-rotated domain, `x̂` the decoded MSE stage,
+//!   `||x||` the exact norm of the input; `r = 0` when `x = 0`);
+//! * `qjl_norm_offset = round_up(qjl_offset + m, 16)`: one f16 holding `||r||`.
+//! * Estimator of `<q, x>`: `<q, x̂> + n · sqrt(π/2) / m · ||r|| · Σ_j (S q)_j · (±1)_j`
+//!   where `n` is the norm recovered from the row's scales (`PerVector`: `s · sqrt(D)`;
+//!   `Block32`: `sqrt(Σ_j len_j · s_j^2)`) and `(±1)_j` is `+1` for a set bit.
+//!
+//! **Words.** `words = ceil(total_bits / 32)`; unused tail bits are zero. At `D = 128`:
+//! `none` 64, `q8` 34 (8.5 bits/value), `q4` 18 (4.5), `turbo3`/`iso3`/`rotor3` 13 (3.25),
+//! `iso3b` 14 (3.5), `rotor3b` 15 (3.75), `turbo3+qjl` 18 (4.5).
+
+pub mod lloyd;
+pub mod reference;
+pub mod rotation;
+#[cfg(test)]
+mod tests;
+
+pub use lloyd::{Codebook, codebook};
+pub use reference::{CodecRef, get_bits, put_bits};
 
 use crate::error::KvqError;
 
@@ -10,6 +95,41 @@ use crate::error::KvqError;
 pub enum CodecKind {
     /// Plain f16 storage (no quantization).
     None,
+    /// Symmetric integer codes with one f16 scale per 32 values (ggml q8_0 / q4_0 style).
+    Sym,
+    /// TurboQuant-MSE: randomized Hadamard rotation + Lloyd–Max codes.
+    Turbo,
+    /// RotorQuant: a Cl(3,0) rotor per group of 3 coordinates + Lloyd–Max codes.
+    Rotor,
+    /// IsoQuant: a unit quaternion per group of 4 coordinates + Lloyd–Max codes.
+    Iso,
+}
+
+impl CodecKind {
+    /// Whether this family rotates and uses Lloyd–Max codes (turbo, rotor, iso).
+    pub fn is_rotated(self) -> bool {
+        matches!(self, CodecKind::Turbo | CodecKind::Rotor | CodecKind::Iso)
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            CodecKind::None => "none",
+            CodecKind::Sym => "q",
+            CodecKind::Turbo => "turbo",
+            CodecKind::Rotor => "rotor",
+            CodecKind::Iso => "iso",
+        }
+    }
+}
+
+/// Granularity of a rotated codec's f16 scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleMode {
+    /// One scale `s = ||x|| / sqrt(D)` per stored vector (the default).
+    PerVector,
+    /// One scale per block of 32 rotated coordinates (RMS of the block); name suffix `b`.
+    /// Sym codecs always use this.
+    Block32,
 }
 
 /// One codec applied to K or to V.
@@ -17,8 +137,51 @@ pub enum CodecKind {
 pub struct Codec {
     /// The family.
     pub kind: CodecKind,
-    /// Bits per code (16 for `None`).
+    /// Bits per code (16 for `None`; 8 or 4 for `Sym`; 1..=4 for rotated codecs, or 0 with
+    /// QJL for the QJL-only configuration).
     pub bits: u8,
+    /// Whether the row carries the QJL residual sketch (rotated codecs, K only).
+    pub qjl: bool,
+    /// Scale granularity (`Block32` for `Sym`, `PerVector` for `None`).
+    pub scale: ScaleMode,
+}
+
+/// Where every field of one stored row lives (all offsets in bits from the row start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowLayout {
+    /// Number of codes (`D` for none/sym/turbo/iso, `3 ceil(D/3)` for rotor).
+    pub n_codes: u32,
+    /// Bits per code (16 for `none`, whose "codes" are the f16 values).
+    pub code_bits: u32,
+    /// Bit offset of the first f16 sideband value (`round_up(n_codes * code_bits, 16)`).
+    pub side_offset_bits: u32,
+    /// Number of f16 sideband values (0 for `none`).
+    pub n_side: u32,
+    /// Codes covered by each sideband value (32 for sym and `Block32`, the last block may be
+    /// shorter; `n_codes` for `PerVector`; 0 for `none`).
+    pub side_block: u32,
+    /// Bit offset of the QJL sign bits, when the codec has them.
+    pub qjl_offset_bits: Option<u32>,
+    /// Number of QJL sign bits `m` (`D`; 0 without QJL).
+    pub qjl_bits: u32,
+    /// Bit offset of the f16 `||r||` of the QJL residual (0 without QJL).
+    pub qjl_norm_offset_bits: u32,
+    /// `u32` words per row.
+    pub words: u32,
+}
+
+impl RowLayout {
+    /// Bits actually used (before rounding up to whole words).
+    pub fn used_bits(&self) -> u32 {
+        match self.qjl_offset_bits {
+            Some(_) => self.qjl_norm_offset_bits + 16,
+            None => self.side_offset_bits + 16 * self.n_side,
+        }
+    }
+}
+
+fn round_up(v: u32, m: u32) -> u32 {
+    v.div_ceil(m) * m
 }
 
 impl Codec {
@@ -26,37 +189,251 @@ impl Codec {
     pub const NONE: Codec = Codec {
         kind: CodecKind::None,
         bits: 16,
+        qjl: false,
+        scale: ScaleMode::PerVector,
+    };
+    /// 8-bit symmetric, one f16 scale per 32 values (8.5 bits per value).
+    pub const Q8: Codec = Codec {
+        kind: CodecKind::Sym,
+        bits: 8,
+        qjl: false,
+        scale: ScaleMode::Block32,
+    };
+    /// 4-bit symmetric, one f16 scale per 32 values (4.5 bits per value).
+    pub const Q4: Codec = Codec {
+        kind: CodecKind::Sym,
+        bits: 4,
+        qjl: false,
+        scale: ScaleMode::Block32,
     };
 
-    /// The codec's name as used on the command line (`none`, `turbo3`, …).
+    /// `turbo<bits>` (per-vector scale, no QJL).
+    pub const fn turbo(bits: u8) -> Codec {
+        Codec {
+            kind: CodecKind::Turbo,
+            bits,
+            qjl: false,
+            scale: ScaleMode::PerVector,
+        }
+    }
+
+    /// `rotor<bits>` (per-vector scale, no QJL).
+    pub const fn rotor(bits: u8) -> Codec {
+        Codec {
+            kind: CodecKind::Rotor,
+            bits,
+            qjl: false,
+            scale: ScaleMode::PerVector,
+        }
+    }
+
+    /// `iso<bits>` (per-vector scale, no QJL).
+    pub const fn iso(bits: u8) -> Codec {
+        Codec {
+            kind: CodecKind::Iso,
+            bits,
+            qjl: false,
+            scale: ScaleMode::PerVector,
+        }
+    }
+
+    /// This codec with the QJL residual switched on or off.
+    pub const fn with_qjl(self, qjl: bool) -> Codec {
+        Codec { qjl, ..self }
+    }
+
+    /// This codec with another scale granularity (meaningful for rotated codecs).
+    pub const fn with_scale(self, scale: ScaleMode) -> Codec {
+        Codec { scale, ..self }
+    }
+
+    /// The codec's name as used on the command line (`none`, `q8`, `turbo3`, `iso3b`,
+    /// `turbo3+qjl`, …); [`Codec::parse`] inverts it.
     pub fn name(&self) -> String {
         match self.kind {
             CodecKind::None => "none".into(),
+            CodecKind::Sym => format!("q{}", self.bits),
+            kind => format!(
+                "{}{}{}{}",
+                kind.prefix(),
+                self.bits,
+                if self.scale == ScaleMode::Block32 {
+                    "b"
+                } else {
+                    ""
+                },
+                if self.qjl { "+qjl" } else { "" }
+            ),
         }
     }
 
-    /// Number of `u32` words one stored row of `head_dim` values takes.
-    pub fn row_words(&self, head_dim: u32) -> u32 {
-        match self.kind {
-            CodecKind::None => head_dim / 2,
+    /// Parses one codec name (see the module docs).
+    pub fn parse(name: &str) -> Result<Codec, KvqError> {
+        Self::parse_opt(name.trim()).ok_or_else(|| KvqError::UnknownCodec {
+            name: name.to_string(),
+            valid: Self::valid_names().join(", "),
+        })
+    }
+
+    fn parse_opt(name: &str) -> Option<Codec> {
+        match name {
+            "none" => return Some(Codec::NONE),
+            "q8" => return Some(Codec::Q8),
+            "q4" => return Some(Codec::Q4),
+            _ => {}
+        }
+        let (base, qjl) = match name.strip_suffix("+qjl") {
+            Some(b) => (b, true),
+            None => (name, false),
+        };
+        let (base, scale) = match base.strip_suffix('b') {
+            Some(b) => (b, ScaleMode::Block32),
+            None => (base, ScaleMode::PerVector),
+        };
+        let kinds = [CodecKind::Turbo, CodecKind::Rotor, CodecKind::Iso];
+        let kind = kinds.into_iter().find(|k| base.starts_with(k.prefix()))?;
+        let digits = &base[kind.prefix().len()..];
+        if digits.len() != 1 {
+            return None;
+        }
+        let bits: u8 = digits.parse().ok()?;
+        let c = Codec {
+            kind,
+            bits,
+            qjl,
+            scale,
+        };
+        c.validate().ok()?;
+        Some(c)
+    }
+
+    /// Every single-codec name [`Codec::parse`] accepts.
+    pub fn valid_names() -> Vec<String> {
+        let mut v = vec!["none".to_string(), "q8".into(), "q4".into()];
+        for kind in [CodecKind::Turbo, CodecKind::Rotor, CodecKind::Iso] {
+            for scale in [ScaleMode::PerVector, ScaleMode::Block32] {
+                for bits in 1..=4 {
+                    let c = Codec {
+                        kind,
+                        bits,
+                        qjl: false,
+                        scale,
+                    };
+                    v.push(c.name());
+                    v.push(c.with_qjl(true).name());
+                }
+                v.push(
+                    Codec {
+                        kind,
+                        bits: 0,
+                        qjl: true,
+                        scale,
+                    }
+                    .name(),
+                );
+            }
+        }
+        v
+    }
+
+    /// Checks that the fields form a codec this crate implements (independent of `D`).
+    pub fn validate(&self) -> Result<(), KvqError> {
+        let ok = match self.kind {
+            CodecKind::None => self.bits == 16 && !self.qjl && self.scale == ScaleMode::PerVector,
+            CodecKind::Sym => {
+                (self.bits == 8 || self.bits == 4) && !self.qjl && self.scale == ScaleMode::Block32
+            }
+            _ => (1..=4).contains(&self.bits) || (self.bits == 0 && self.qjl),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(KvqError::InvalidSpec(format!(
+                "codec {:?} with {} bits (qjl: {}) does not exist",
+                self.kind, self.bits, self.qjl
+            )))
         }
     }
 
-    /// Stored bits per value at `head_dim`, sideband included.
-    pub fn bits_per_value(&self, head_dim: u32) -> f64 {
-        self.row_words(head_dim) as f64 * 32.0 / head_dim as f64
-    }
-
-    /// Checks that this codec can serve vectors of `head_dim` values.
+    /// Checks that this codec can serve vectors of `head_dim` values. Every codec serves 64,
+    /// 96, 128 and 256. Rules: `8 <= head_dim <= 256` and a multiple of 8 for all codecs;
+    /// additionally a multiple of 32 for sym (its scale blocks) and turbo (its Hadamard
+    /// blocks). Iso needs a multiple of 4 and rotor anything, both implied by the base rule.
     pub fn check_head_dim(&self, head_dim: u32) -> Result<(), KvqError> {
-        if head_dim % 8 != 0 || !(8..=256).contains(&head_dim) {
-            return Err(KvqError::UnsupportedHeadDim {
+        self.validate()?;
+        let err = |reason: &str| {
+            Err(KvqError::UnsupportedHeadDim {
                 head_dim,
                 codec: self.name(),
-                reason: "head_dim must be a multiple of 8 between 8 and 256".into(),
-            });
+                reason: reason.into(),
+            })
+        };
+        if !head_dim.is_multiple_of(8) || !(8..=256).contains(&head_dim) {
+            return err("head_dim must be a multiple of 8 between 8 and 256");
         }
-        Ok(())
+        match self.kind {
+            CodecKind::Sym if !head_dim.is_multiple_of(32) => {
+                err("sym codecs need a multiple of 32 (one scale per 32 values)")
+            }
+            CodecKind::Turbo if !head_dim.is_multiple_of(32) => {
+                err("turbo needs a multiple of 32 (Hadamard blocks of at least 32)")
+            }
+            CodecKind::Iso if !head_dim.is_multiple_of(4) => {
+                err("iso needs a multiple of 4 (quaternion groups)")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The row layout at `head_dim` (see the module docs), or why this codec cannot serve it.
+    pub fn layout(&self, head_dim: u32) -> Result<RowLayout, KvqError> {
+        self.check_head_dim(head_dim)?;
+        Ok(self.layout_unchecked(head_dim))
+    }
+
+    fn layout_unchecked(&self, d: u32) -> RowLayout {
+        let b = self.bits as u32;
+        let n_codes = if self.kind == CodecKind::Rotor {
+            3 * d.div_ceil(3)
+        } else {
+            d
+        };
+        let side_offset_bits = round_up(n_codes * b, 16);
+        let (n_side, side_block) = match (self.kind, self.scale) {
+            (CodecKind::None, _) => (0, 0),
+            (CodecKind::Sym, _) | (_, ScaleMode::Block32) => (n_codes.div_ceil(32), 32),
+            (_, ScaleMode::PerVector) => (1, n_codes),
+        };
+        let side_end = side_offset_bits + 16 * n_side;
+        let (qjl_offset_bits, qjl_bits, qjl_norm_offset_bits, used) = if self.qjl {
+            let off = round_up(side_end, 32);
+            let norm = round_up(off + d, 16);
+            (Some(off), d, norm, norm + 16)
+        } else {
+            (None, 0, 0, side_end)
+        };
+        RowLayout {
+            n_codes,
+            code_bits: b,
+            side_offset_bits,
+            n_side,
+            side_block,
+            qjl_offset_bits,
+            qjl_bits,
+            qjl_norm_offset_bits,
+            words: used.div_ceil(32),
+        }
+    }
+
+    /// Number of `u32` words one stored row of `head_dim` values takes (computed by the
+    /// layout formulas even for a `head_dim` that [`Codec::check_head_dim`] rejects).
+    pub fn row_words(&self, head_dim: u32) -> u32 {
+        self.layout_unchecked(head_dim).words
+    }
+
+    /// Stored bits per value at `head_dim`, sideband included (`words * 32 / head_dim`).
+    pub fn bits_per_value(&self, head_dim: u32) -> f64 {
+        self.row_words(head_dim) as f64 * 32.0 / head_dim as f64
     }
 }
 
@@ -76,34 +453,115 @@ impl KvCodecs {
         v: Codec::NONE,
     };
 
-    /// Every name [`KvCodecs::parse`] accepts (the general `k=…,v=…` form aside).
+    /// Every name [`KvCodecs::parse`] accepts (the general `k=…,v=…` form aside): `none`,
+    /// and `k_<codec>` / `<codec>_sym` for every codec of [`Codec::valid_names`] but `none`
+    /// (no `_sym` for the QJL-only `*0+qjl` codecs: V would have no stage at all).
     pub fn valid_names() -> Vec<String> {
-        vec!["none".into()]
-    }
-
-    /// The cache names `--codecs all` expands to in the sweep.
-    pub fn all_names() -> Vec<String> {
-        Self::valid_names()
-    }
-
-    /// Parses a cache codec name: `none`, `k_<codec>` (K only), `<codec>_sym` (K and V), or
-    /// `k=<codec>,v=<codec>`.
-    pub fn parse(name: &str) -> Result<KvCodecs, KvqError> {
-        match name.trim() {
-            "none" => Ok(KvCodecs::NONE),
-            _ => Err(KvqError::UnknownCodec {
-                name: name.to_string(),
-                valid: Self::valid_names().join(", "),
-            }),
+        let mut v = vec!["none".to_string()];
+        for c in Codec::valid_names().into_iter().skip(1) {
+            v.push(format!("k_{c}"));
+            if Codec::parse_opt(&c).is_some_and(|c| c.bits > 0) {
+                v.push(format!("{c}_sym"));
+            }
         }
+        v
     }
 
-    /// The canonical name of this pair (inverse of [`KvCodecs::parse`]).
+    /// The names the benchmark sweep uses for `--codecs all`: `none`, `k_<c>` and `<c>_sym`
+    /// for q8, q4, turbo2, turbo3, turbo4, rotor3, rotor4, iso3, iso4, and `k_turbo3+qjl`.
+    pub fn all_names() -> Vec<String> {
+        let mut v = vec!["none".to_string()];
+        for c in [
+            "q8", "q4", "turbo2", "turbo3", "turbo4", "rotor3", "rotor4", "iso3", "iso4",
+        ] {
+            v.push(format!("k_{c}"));
+            v.push(format!("{c}_sym"));
+        }
+        v.push("k_turbo3+qjl".into());
+        v
+    }
+
+    fn grammar() -> String {
+        format!(
+            "none, k_<codec>, <codec>_sym, k=<codec>,v=<codec>; <codec> is one of: {} \
+             ('b' = one scale per 32 rotated coords, '+qjl' = QJL residual, K only); \
+             e.g. {}",
+            Codec::valid_names().join(", "),
+            Self::all_names().join(", ")
+        )
+    }
+
+    /// Parses a cache codec name: `none`, `k_<codec>` (K only, V f16), `<codec>_sym` (K and
+    /// V; a `+qjl` applies to K only), or `k=<codec>,v=<codec>` (V may not use `+qjl`).
+    pub fn parse(name: &str) -> Result<KvCodecs, KvqError> {
+        let n = name.trim();
+        let unknown = || KvqError::UnknownCodec {
+            name: name.to_string(),
+            valid: Self::grammar(),
+        };
+        if n == "none" {
+            return Ok(KvCodecs::NONE);
+        }
+        if n.contains('=') {
+            let mut k = None;
+            let mut v = None;
+            for part in n.split(',') {
+                let (key, val) = part.split_once('=').ok_or_else(unknown)?;
+                let c = Codec::parse_opt(val.trim()).ok_or_else(unknown)?;
+                let slot = match key.trim() {
+                    "k" => &mut k,
+                    "v" => &mut v,
+                    _ => return Err(unknown()),
+                };
+                if slot.replace(c).is_some() {
+                    return Err(unknown());
+                }
+            }
+            let (Some(k), Some(v)) = (k, v) else {
+                return Err(unknown());
+            };
+            if v.qjl {
+                return Err(KvqError::InvalidSpec(format!(
+                    "'{name}': the QJL residual (+qjl) applies to K only"
+                )));
+            }
+            return Ok(KvCodecs { k, v });
+        }
+        if let Some(c) = n.strip_prefix("k_") {
+            let k = Codec::parse_opt(c).ok_or_else(unknown)?;
+            return Ok(KvCodecs { k, v: Codec::NONE });
+        }
+        if let Some(c) = n.strip_suffix("_sym") {
+            let k = Codec::parse_opt(c).ok_or_else(unknown)?;
+            let v = k.with_qjl(false);
+            v.validate().map_err(|_| unknown())?;
+            return Ok(KvCodecs { k, v });
+        }
+        Err(unknown())
+    }
+
+    /// The canonical name of this pair (inverse of [`KvCodecs::parse`]): `none`,
+    /// `k_<k>` when V is f16, `<k>_sym` when V is K without QJL, else `k=<k>,v=<v>`.
     pub fn name(&self) -> String {
         if *self == KvCodecs::NONE {
             "none".into()
+        } else if self.v == Codec::NONE {
+            format!("k_{}", self.k.name())
+        } else if self.v == self.k.with_qjl(false) {
+            format!("{}_sym", self.k.name())
         } else {
             format!("k={},v={}", self.k.name(), self.v.name())
         }
+    }
+
+    /// Checks both codecs against `head_dim` and that V does not use QJL.
+    pub fn check_head_dim(&self, head_dim: u32) -> Result<(), KvqError> {
+        if self.v.qjl {
+            return Err(KvqError::InvalidSpec(
+                "the QJL residual (+qjl) applies to K only".into(),
+            ));
+        }
+        self.k.check_head_dim(head_dim)?;
+        self.v.check_head_dim(head_dim)
     }
 }
