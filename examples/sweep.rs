@@ -44,7 +44,7 @@ const MODELS: &[Model] = &[
 
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--steps N] [--warmup N] [--splits N] [--csv FILE]";
+             [--steps N] [--warmup N] [--splits N] [--wg 64|128|256] [--csv FILE]";
 
 struct Args {
     model: Option<String>,
@@ -53,6 +53,7 @@ struct Args {
     steps: Option<usize>,
     warmup: usize,
     splits: Option<u32>,
+    wg: Option<u32>,
     csv: Option<String>,
 }
 
@@ -64,6 +65,7 @@ fn parse_args() -> Result<Args, String> {
         steps: None,
         warmup: 5,
         splits: None,
+        wg: None,
         csv: None,
     };
     let mut it = std::env::args().skip(1);
@@ -85,6 +87,7 @@ fn parse_args() -> Result<Args, String> {
             "--steps" => a.steps = Some(num(&val)? as usize),
             "--warmup" => a.warmup = num(&val)? as usize,
             "--splits" => a.splits = Some(num(&val)?),
+            "--wg" => a.wg = Some(num(&val)?),
             "--csv" => a.csv = Some(val),
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -164,6 +167,7 @@ fn run_point(
     )
     .with_codecs(codecs);
     spec.splits = args.splits;
+    spec.workgroup = args.wg;
     let mut cache = KvCache::new(ctx, spec).map_err(|e| format!("skipped: {e}"))?;
     let mut rng = Rng(context as u64 * 31 + m.layers as u64);
 

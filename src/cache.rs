@@ -198,7 +198,7 @@ impl KvCache {
             segments,
             min_chunk: MIN_CHUNK,
             scale: spec.softmax_scale(),
-            workgroup: DECODE_WG,
+            workgroup: spec.workgroup.unwrap_or(DECODE_WG),
             k: spec.codecs.k,
             v: spec.codecs.v,
         };
@@ -225,7 +225,7 @@ impl KvCache {
             mapped_at_creation: false,
         });
         let splits_total = cfg.splits_total() as u64;
-        let part_floats = spec.batch as u64 * spec.q_heads as u64 * splits_total * (d as u64 + 2);
+        let part_floats = spec.batch as u64 * spec.q_heads as u64 * splits_total * (d as u64 + 4);
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvq decode partials"),
             size: part_floats * 4,

@@ -84,6 +84,8 @@ impl KernelConfig {
         h += &c("SPLITS_TOTAL", self.splits_total());
         h += &c("MIN_CHUNK", self.min_chunk);
         h += &c("WG", self.workgroup);
+        h += &c("KU", k_unroll(self.head_dim));
+        h += &c("VU", V_UNROLL);
         h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
         h += &format!("const SCALE: f32 = {:e};\n", self.scale);
         h
@@ -113,10 +115,8 @@ impl KernelConfig {
             // KvCache::new refuses other codecs before building kernels.
             _ => STORE_F16,
         };
-        expand_heads(
-            &format!("{}\n{COMMON}\n{store}\n{DECODE}", self.header()),
-            self.gqa,
-        )
+        let src = format!("{}\n{COMMON}\n{store}\n{DECODE}", self.header());
+        expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
     }
 
     /// Every kernel source with a short name, as compiled for this configuration.
@@ -135,22 +135,35 @@ impl KernelConfig {
     }
 }
 
-/// Repeats every line holding `$g` once per query head of a GQA group, with `$g` replaced by
-/// the head's index: per-head state then lives in named registers rather than in a private
-/// array indexed at run time (which most GPU compilers spill to memory).
-pub(crate) fn expand_heads(src: &str, gqa: u32) -> String {
-    let mut out = String::with_capacity(src.len() * 2);
-    for line in src.lines() {
-        if line.contains("$g") {
-            for g in 0..gqa {
-                out += &line.replace("$g", &g.to_string());
-                out.push('\n');
-            }
-        } else {
-            out += line;
-            out.push('\n');
-        }
+/// K chunks (16 bytes each) one thread loads together before using them (`$u` lines).
+pub(crate) fn k_unroll(head_dim: u32) -> u32 {
+    (head_dim / 8).min(4)
+}
+
+/// V rows one thread loads together before using them (`$v` lines).
+pub(crate) const V_UNROLL: u32 = 8;
+
+/// Unrolls the WGSL: every line holding `$g` is repeated once per query head of the GQA group
+/// (`$g` -> 0, 1, ...), and likewise `$u` per K chunk of a load batch and `$v` per V row of a
+/// load batch. Per-head state then lives in named registers rather than in a private array
+/// indexed at run time (which most GPU compilers spill to memory), and load batches are
+/// explicit so many loads are in flight before their math.
+pub(crate) fn expand(src: &str, gqa: u32, k_unroll: u32, v_unroll: u32) -> String {
+    let mut lines: Vec<String> = src.lines().map(str::to_string).collect();
+    for (token, n) in [("$g", gqa), ("$u", k_unroll), ("$v", v_unroll)] {
+        lines = lines
+            .into_iter()
+            .flat_map(|l| {
+                if l.contains(token) {
+                    (0..n).map(|i| l.replace(token, &i.to_string())).collect()
+                } else {
+                    vec![l]
+                }
+            })
+            .collect();
     }
+    let mut out = lines.join("\n");
+    out.push('\n');
     out
 }
 

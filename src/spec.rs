@@ -30,6 +30,8 @@ pub struct CacheSpec {
     /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
     /// Capacities above it are split into several buffers per layer.
     pub segment_tokens: Option<u32>,
+    /// Invocations per decode workgroup (64, 128 or 256); `None` picks for the device.
+    pub workgroup: Option<u32>,
 }
 
 impl CacheSpec {
@@ -53,6 +55,7 @@ impl CacheSpec {
             seed: 0x6b76_715f_7365_6564,
             splits: None,
             segment_tokens: None,
+            workgroup: None,
         }
     }
 
@@ -127,6 +130,11 @@ impl CacheSpec {
                 codec: self.codecs.name(),
                 reason: "kvq's kernels need a multiple of 32 between 32 and 256".into(),
             });
+        }
+        if let Some(w) = self.workgroup
+            && ![64, 128, 256].contains(&w)
+        {
+            return bad(format!("decode workgroup {w} must be 64, 128 or 256"));
         }
         if self.segment_tokens == Some(0) {
             return bad("segment_tokens must be at least 1".into());

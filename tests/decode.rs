@@ -163,3 +163,16 @@ fn custom_scale() {
     let e = c.check(0);
     assert!(e <= TOL, "rel err {e:e}");
 }
+
+/// Many splits: each reduce thread folds several batches of partials.
+#[test]
+fn many_splits_match_reference() {
+    for (d, splits, len) in [(128u32, 64u32, 2100usize), (64, 100, 3300), (96, 37, 1500)] {
+        let spec = CacheSpec::new(1, 8, 2, d, len as u32).with_splits(splits);
+        let mut c = Checked::new(spec, d as u64 + splits as u64);
+        c.append(0, len - 1);
+        c.append(0, 1);
+        let e = c.check(0);
+        assert!(e <= TOL, "d={d} splits={splits} len={len}: rel err {e:e}");
+    }
+}

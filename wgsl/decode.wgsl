@@ -11,15 +11,16 @@
 
 @group(0) @binding(0) var<uniform> seg: Seg;
 @group(0) @binding(3) var<storage, read> lens: array<u32>;
-// Partials: [B, QH, SPLITS_TOTAL, D] outputs, then [B, QH, SPLITS_TOTAL, 2] (max, sum).
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+// Partials: [B, QH, SPLITS_TOTAL, D/4] output vectors, then [B, QH, SPLITS_TOTAL] vectors
+// (max, sum, 0, 0).
+@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
 
 // V columns: each thread owns 4 consecutive values of a row; J token lanes share a tile.
 const VC: u32 = D / 4u;
 const J: u32 = WG / VC;
-const PART_ML: u32 = B * QH * SPLITS_TOTAL * D;
+const PART_ML: u32 = B * QH * SPLITS_TOTAL * (D / 4u);
 
 var<workgroup> q_sh: array<vec4<f32>, G * D / 4u>;
 var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
@@ -34,14 +35,9 @@ var<workgroup> len_sh: u32;
 var<private> sc$g: f32;
 
 fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, m: f32, l: f32) {
-    let o = (pi + g * SPLITS_TOTAL) * D + 4u * c;
-    part[o] = acc.x;
-    part[o + 1u] = acc.y;
-    part[o + 2u] = acc.z;
-    part[o + 3u] = acc.w;
+    part[(pi + g * SPLITS_TOTAL) * (D / 4u) + c] = acc;
     if c == 0u {
-        part[PART_ML + 2u * (pi + g * SPLITS_TOTAL)] = m;
-        part[PART_ML + 2u * (pi + g * SPLITS_TOTAL) + 1u] = l;
+        part[PART_ML + pi + g * SPLITS_TOTAL] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }
 
@@ -51,6 +47,11 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let s = wid.x;
     let h = wid.y;
     let b = wid.z;
+    // The query and the length are fetched together; one barrier covers both.
+    for (var i = lid; i < G * D / 4u; i += WG) {
+        let o = ((b * QH + h * G) * D) + 4u * i;
+        q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+    }
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
     }
@@ -63,11 +64,6 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let start = min(s * chunk, valid);
     let end = min(start + chunk, valid);
 
-    for (var i = lid; i < G * D / 4u; i += WG) {
-        let o = ((b * QH + h * G) * D) + 4u * i;
-        q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
-    }
-    workgroupBarrier();
 
     let c = lid % VC;
     let j = lid / VC;
@@ -100,18 +96,15 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if j < J {
             acc$g *= alpha$g;
             l$g *= alpha$g;
-            // Four independent loads in flight per batch: a lone load per token would leave
-            // the loop waiting on memory latency once per token.
+            // VU independent loads in flight per batch: a lone load per token would leave the
+            // loop waiting on memory latency once per token.
             var i = j;
-            for (; i + 3u * J < tn; i += 4u * J) {
+            for (; i + (VU - 1u) * J < tn; i += VU * J) {
                 let r = row0 + t0 + i;
-                let v0 = v_load(r, c);
-                let v1 = v_load(r + J, c);
-                let v2 = v_load(r + 2u * J, c);
-                let v3 = v_load(r + 3u * J, c);
-                let p$g = vec4<f32>(p_sh[$g * WG + i], p_sh[$g * WG + i + J], p_sh[$g * WG + i + 2u * J], p_sh[$g * WG + i + 3u * J]);
-                acc$g += p$g.x * v0 + p$g.y * v1 + p$g.z * v2 + p$g.w * v3;
-                l$g += p$g.x + p$g.y + p$g.z + p$g.w;
+                let v$v = v_load(r + $v * J, c);
+                let p$g$v = p_sh[$g * WG + i + $v * J];
+                acc$g += p$g$v * v$v;
+                l$g += p$g$v;
             }
             for (; i < tn; i += J) {
                 let v = v_load(row0 + t0 + i, c);
@@ -146,70 +139,60 @@ const RED_WG: u32 = 128u;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
 const RC: u32 = D / 4u;
 const RL: u32 = RED_WG / RC;
-var<workgroup> w_sh: array<f32, SPLITS_TOTAL>;
-var<workgroup> red: array<f32, RED_WG>;
-var<workgroup> red4: array<vec4<f32>, RED_WG>;
+var<workgroup> lane_ml: array<vec2<f32>, RL>;
+var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 
 // Dispatch (QH, B, 1): merges the partials of one query head into out[b, qh, :].
+// Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule, so
+// all its loads are independent and there is no separate pass for the global max.
 @compute @workgroup_size(128)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let qh = wid.x;
     let b = wid.y;
     let base = (b * QH + qh) * SPLITS_TOTAL;
-    var mx = NEG;
-    for (var s = lid; s < SPLITS_TOTAL; s += RED_WG) {
-        mx = max(mx, part[PART_ML + 2u * (base + s)]);
-    }
-    red[lid] = mx;
-    workgroupBarrier();
-    mx = NEG;
-    for (var i = 0u; i < RED_WG; i++) {
-        mx = max(mx, red[i]);
-    }
-    workgroupBarrier();
-    var lsum = 0.0;
-    for (var s = lid; s < SPLITS_TOTAL; s += RED_WG) {
-        let w = exp(part[PART_ML + 2u * (base + s)] - mx);
-        w_sh[s] = w;
-        lsum += w * part[PART_ML + 2u * (base + s) + 1u];
-    }
-    red[lid] = lsum;
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < RED_WG; i++) {
-        total += red[i];
-    }
-    // Thread (c, r) sums columns 4c..4c+3 over splits r, r+RL, ...
     let c = lid % RC;
     let r = lid / RC;
+    var m = NEG;
+    var l = 0.0;
     var o = vec4<f32>(0.0);
     if r < RL {
-        // Two partials per iteration keep independent loads in flight.
-        var s = r;
-        for (; s + RL < SPLITS_TOTAL; s += 2u * RL) {
-            let p0 = (base + s) * D + 4u * c;
-            let p1 = p0 + RL * D;
-            let a = vec4<f32>(part[p0], part[p0 + 1u], part[p0 + 2u], part[p0 + 3u]);
-            let e = vec4<f32>(part[p1], part[p1 + 1u], part[p1 + 2u], part[p1 + 3u]);
-            o += w_sh[s] * a + w_sh[s + RL] * e;
+        for (var s = r; s < SPLITS_TOTAL; s += VU * RL) {
+            // Past the last split the index is clamped and the weight forced to zero.
+            let s$v = min(s + $v * RL, SPLITS_TOTAL - 1u);
+            let ml$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + s$v], s + $v * RL < SPLITS_TOTAL);
+            let a$v = select(vec4<f32>(0.0), part[(base + s$v) * (D / 4u) + c], s + $v * RL < SPLITS_TOTAL);
+            // Expanded lines run one after another: take the batch max, rescale once, then add.
+            var mb = m;
+            mb = max(mb, ml$v.x);
+            let f = exp(m - mb);
+            o *= f;
+            l *= f;
+            o += a$v * exp(ml$v.x - mb);
+            l += ml$v.y * exp(ml$v.x - mb);
+            m = mb;
         }
-        if s < SPLITS_TOTAL {
-            let p = (base + s) * D + 4u * c;
-            o += w_sh[s] * vec4<f32>(part[p], part[p + 1u], part[p + 2u], part[p + 3u]);
+        if c == 0u {
+            lane_ml[r] = vec2<f32>(m, l);
         }
+        lane_acc[lid] = o;
     }
-    red4[lid] = o;
     workgroupBarrier();
     if r == 0u {
         for (var k = 1u; k < RL; k++) {
-            o += red4[k * RC + c];
+            let ml = lane_ml[k];
+            let mn = max(m, ml.x);
+            let f = exp(m - mn);
+            let w = exp(ml.x - mn);
+            o = o * f + lane_acc[k * RC + c] * w;
+            l = l * f + ml.y * w;
+            m = mn;
         }
-        // An empty sequence has total 0: its output is defined as zeros.
-        let inv = select(0.0, 1.0 / total, total > 0.0);
+        // An empty sequence has l = 0: its output is defined as zeros.
+        let y = o * select(0.0, 1.0 / l, l > 0.0);
         let p = (b * QH + qh) * D + 4u * c;
-        out[p] = o.x * inv;
-        out[p + 1u] = o.y * inv;
-        out[p + 2u] = o.z * inv;
-        out[p + 3u] = o.w * inv;
+        out[p] = y.x;
+        out[p + 1u] = y.y;
+        out[p + 2u] = y.z;
+        out[p + 3u] = y.w;
     }
 }

@@ -5,14 +5,13 @@
 
 fn k_scores(row: u32) {
     let r = k_chunk(row, 0u);
-    // D is a multiple of 32: four 16-byte loads are issued together before their math.
-    for (var w = 0u; w < D / 8u; w += 4u) {
-        let k0 = unpack8(k_store[r + w * KB]);
-        let k1 = unpack8(k_store[r + (w + 1u) * KB]);
-        let k2 = unpack8(k_store[r + (w + 2u) * KB]);
-        let k3 = unpack8(k_store[r + (w + 3u) * KB]);
+    // KU chunks are loaded before any math so they are all in flight at once.
+    for (var w = 0u; w < D / 8u; w += KU) {
+        let kr$u = k_store[r + (w + $u) * KB];
+        let ka$u = vec4<f32>(unpack2x16float(kr$u.x), unpack2x16float(kr$u.y));
+        let kb$u = vec4<f32>(unpack2x16float(kr$u.z), unpack2x16float(kr$u.w));
         let qo$g = $g * (D / 4u) + 2u * w;
-        sc$g += dot(q_sh[qo$g], k0[0]) + dot(q_sh[qo$g + 1u], k0[1]) + dot(q_sh[qo$g + 2u], k1[0]) + dot(q_sh[qo$g + 3u], k1[1]) + dot(q_sh[qo$g + 4u], k2[0]) + dot(q_sh[qo$g + 5u], k2[1]) + dot(q_sh[qo$g + 6u], k3[0]) + dot(q_sh[qo$g + 7u], k3[1]);
+        sc$g += dot(q_sh[qo$g + 2u * $u], ka$u) + dot(q_sh[qo$g + 2u * $u + 1u], kb$u);
     }
 }
 
