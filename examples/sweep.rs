@@ -44,7 +44,7 @@ const MODELS: &[Model] = &[
 
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--steps N] [--warmup N] [--splits N] [--wg 64|128|256] [--csv FILE]";
+             [--steps N] [--warmup N] [--splits N] [--wg 64|128|256] [--unfused] [--csv FILE]";
 
 struct Args {
     model: Option<String>,
@@ -54,6 +54,7 @@ struct Args {
     warmup: usize,
     splits: Option<u32>,
     wg: Option<u32>,
+    unfused: bool,
     csv: Option<String>,
 }
 
@@ -66,10 +67,15 @@ fn parse_args() -> Result<Args, String> {
         warmup: 5,
         splits: None,
         wg: None,
+        unfused: false,
         csv: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--unfused" {
+            a.unfused = true;
+            continue;
+        }
         if flag == "-h" || flag == "--help" {
             println!("{USAGE}");
             std::process::exit(0);
@@ -222,14 +228,14 @@ fn run_point(
         .map_err(|e| e.to_string())?;
 
     // Per-step inputs: one new token's K/V per layer (distinct buffers), a query and an output.
-    let step_in: Vec<_> = (0..m.layers)
+    let step_kv: Vec<_> = (0..m.layers)
         .map(|_| {
-            let k = storage(ctx, &rng.halves(per_tok));
-            let v = storage(ctx, &rng.halves(per_tok));
-            cache.append_input(&k, &v, 1, InputType::F16)
+            (
+                storage(ctx, &rng.halves(per_tok)),
+                storage(ctx, &rng.halves(per_tok)),
+            )
         })
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+        .collect();
     let qn = (m.q_heads * m.head_dim) as usize;
     let q: Vec<f32> = (0..qn).map(|_| rng.next()).collect();
     let qb = {
@@ -248,6 +254,17 @@ fn run_point(
         mapped_at_creation: false,
     });
     let io = cache.attend_io(&qb, &ob).map_err(|e| e.to_string())?;
+    // Per layer: the fused step's bindings, and the separate append's (for --unfused).
+    let step_io: Vec<_> = step_kv
+        .iter()
+        .map(|(k, v)| cache.step_io(k, v, 1, InputType::F16, &qb, &ob))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let step_in: Vec<_> = step_kv
+        .iter()
+        .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
 
     let ts = ctx.capabilities().timestamps;
     let total = args.warmup + steps;
@@ -286,12 +303,19 @@ fn run_point(
                 timestamp_writes: tw,
             });
             for layer in 0..m.layers {
-                cache
-                    .append_in_pass(&mut pass, layer, &step_in[layer as usize])
-                    .map_err(|e| e.to_string())?;
-                cache
-                    .attend_in_pass(&mut pass, layer, &io)
-                    .map_err(|e| e.to_string())?;
+                let l = layer as usize;
+                if args.unfused {
+                    cache
+                        .append_in_pass(&mut pass, layer, &step_in[l])
+                        .map_err(|e| e.to_string())?;
+                    cache
+                        .attend_in_pass(&mut pass, layer, &io)
+                        .map_err(|e| e.to_string())?;
+                } else {
+                    cache
+                        .step_in_pass(&mut pass, layer, &step_io[l])
+                        .map_err(|e| e.to_string())?;
+                }
             }
         }
         if let (Some(qs), Some(qb)) = (&qset, &qbuf) {

@@ -36,14 +36,6 @@ struct SegParams {
     _pad: [u32; 3],
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct InputParams {
-    n: u32,
-    items: u32,
-    _pad: [u32; 2],
-}
-
 /// One storage segment of one layer: a range of token positions in its own buffers, so that
 /// capacities past one binding's size limit are split rather than refused.
 struct Segment {
@@ -51,6 +43,7 @@ struct Segment {
     v: wgpu::Buffer,
     append_bg: wgpu::BindGroup,
     decode_bg: wgpu::BindGroup,
+    step_bg: wgpu::BindGroup,
 }
 
 /// How a cache's storage and decode work are laid out on this device.
@@ -88,6 +81,21 @@ impl AppendInput {
 /// the output of the same shape.
 pub struct AttendIo {
     bind_group: wgpu::BindGroup,
+}
+
+/// Caller buffers prepared for [`KvCache::step`]: the new tokens' K and V (as for
+/// [`KvCache::append_input`]) with the query and output (as for [`KvCache::attend_io`]).
+pub struct StepIo {
+    bind_group: wgpu::BindGroup,
+    n: u32,
+    input: InputType,
+}
+
+impl StepIo {
+    /// Tokens per sequence each step with these buffers appends.
+    pub fn tokens(&self) -> u32 {
+        self.n
+    }
 }
 
 struct HostIo {
@@ -288,11 +296,13 @@ impl KvCache {
                 };
                 let append_bg = bg(&pipes.append_store, &[&params, &k, &v, &lens]);
                 let decode_bg = bg(&pipes.decode_store, &[&params, &k, &v, &lens, &partials]);
+                let step_bg = bg(&pipes.step_store, &[&params, &k, &v, &lens, &partials]);
                 segs.push(Segment {
                     k,
                     v,
                     append_bg,
                     decode_bg,
+                    step_bg,
                 });
             }
             layers.push(segs);
@@ -392,6 +402,74 @@ impl KvCache {
         Ok(())
     }
 
+    fn check_kv_inputs(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+    ) -> Result<()> {
+        let s = &self.spec;
+        if n == 0 {
+            return Err(KvqError::InvalidSpec(
+                "append needs at least one token".into(),
+            ));
+        }
+        if n > s.capacity {
+            return Err(KvqError::CapacityExceeded {
+                layer: 0,
+                len: 0,
+                n,
+                capacity: s.capacity,
+            });
+        }
+        let need = s.batch as u64 * n as u64 * s.kv_heads as u64 * s.head_dim as u64 * input.size();
+        self.check_buffer("k", k, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("v", v, need, wgpu::BufferUsages::STORAGE)
+    }
+
+    fn check_query_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<()> {
+        let s = &self.spec;
+        let need = s.batch as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
+        self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)
+    }
+
+    /// A 16-byte uniform written once when a binding is prepared, never per step.
+    fn uniform(&self, label: &str, words: [u32; 4]) -> wgpu::Buffer {
+        self.ctx.counters().add_upload(16);
+        self.ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    fn bind(
+        &self,
+        label: &str,
+        layout: &wgpu::BindGroupLayout,
+        bufs: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout,
+                entries: &entries,
+            })
+    }
+
     /// Prepares caller buffers holding `n` new tokens per sequence, layout
     /// `[batch, n, kv_heads, head_dim]` of `input` elements, for [`KvCache::append`].
     pub fn append_input(
@@ -401,23 +479,8 @@ impl KvCache {
         n: u32,
         input: InputType,
     ) -> Result<AppendInput> {
-        if n == 0 {
-            return Err(KvqError::InvalidSpec(
-                "append needs at least one token".into(),
-            ));
-        }
-        if n > self.spec.capacity {
-            return Err(KvqError::CapacityExceeded {
-                layer: 0,
-                len: 0,
-                n,
-                capacity: self.spec.capacity,
-            });
-        }
+        self.check_kv_inputs(k, v, n, input)?;
         let s = &self.spec;
-        let need = s.batch as u64 * n as u64 * s.kv_heads as u64 * s.head_dim as u64 * input.size();
-        self.check_buffer("k", k, need, wgpu::BufferUsages::STORAGE)?;
-        self.check_buffer("v", v, need, wgpu::BufferUsages::STORAGE)?;
         let words = n as u64 * s.kv_heads as u64 * (s.head_dim as u64 / 2);
         let max_groups = self
             .ctx
@@ -426,43 +489,12 @@ impl KvCache {
             .max_compute_workgroups_per_dimension as u64;
         let items = (WIDE_ITEMS as u64).max(words.div_ceil(256 * max_groups)) as u32;
         let wide_groups = words.div_ceil(256 * items as u64) as u32;
-        let params = InputParams {
-            n,
-            items,
-            _pad: [0; 2],
-        };
-        self.ctx
-            .counters()
-            .add_upload(std::mem::size_of::<InputParams>() as u64);
-        let pbuf = self
-            .ctx
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("kvq append params"),
-                contents: bytemuck::bytes_of(&params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-        let bind_group = self
-            .ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("kvq append input"),
-                layout: &self.pipes.append_input,
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: k.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: v.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 2,
-                        resource: pbuf.as_entire_binding(),
-                    },
-                ],
-            });
+        let params = self.uniform("kvq append params", [n, items, 0, 0]);
+        let bind_group = self.bind(
+            "kvq append input",
+            &self.pipes.append_input,
+            &[k, v, &params],
+        );
         Ok(AppendInput {
             bind_group,
             n,
@@ -474,28 +506,93 @@ impl KvCache {
     /// Prepares a caller's query buffer (`[batch, q_heads, head_dim]` f32, STORAGE) and output
     /// buffer (same shape, STORAGE) for [`KvCache::attend`].
     pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
-        let s = &self.spec;
-        let need = s.batch as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
-        self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
-        self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)?;
-        let bind_group = self
-            .ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("kvq attend io"),
-                layout: &self.pipes.decode_io,
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: q.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: out.as_entire_binding(),
-                    },
-                ],
+        self.check_query_io(q, out)?;
+        Ok(AttendIo {
+            bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out]),
+        })
+    }
+
+    /// Prepares the buffers of a fused decode step: `k`, `v` hold `n` new tokens per
+    /// sequence (`[batch, n, kv_heads, head_dim]` of `input` elements); `q` and `out` are
+    /// `[batch, q_heads, head_dim]` f32. All need STORAGE usage.
+    pub fn step_io(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<StepIo> {
+        self.check_kv_inputs(k, v, n, input)?;
+        self.check_query_io(q, out)?;
+        let params = self.uniform("kvq step params", [n, 0, 0, 0]);
+        let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params]);
+        Ok(StepIo {
+            bind_group,
+            n,
+            input,
+        })
+    }
+
+    /// Refuses (with the host mirror unchanged) an append of `n` tokens that would pass the
+    /// capacity of any sequence of `layer`; otherwise advances the mirror.
+    fn reserve(&mut self, layer: u32, n: u32) -> Result<()> {
+        self.check_layer(layer)?;
+        let b = self.spec.batch as usize;
+        let lens = &mut self.host_lens[layer as usize * b..(layer as usize + 1) * b];
+        if let Some(&len) = lens
+            .iter()
+            .find(|&&l| l as u64 + n as u64 > self.spec.capacity as u64)
+        {
+            return Err(KvqError::CapacityExceeded {
+                layer,
+                len,
+                n,
+                capacity: self.spec.capacity,
             });
-        Ok(AttendIo { bind_group })
+        }
+        lens.iter_mut().for_each(|l| *l += n);
+        Ok(())
+    }
+
+    /// Records a fused decode step for `layer` into an open compute pass: appends the new
+    /// tokens and attends the query over the whole prefix including them, in two dispatches
+    /// (the split kernel writes the new rows it covers; the reduce commits the length).
+    /// Same result as [`KvCache::append_in_pass`] then [`KvCache::attend_in_pass`].
+    pub fn step_in_pass(
+        &mut self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        io: &StepIo,
+    ) -> Result<()> {
+        self.reserve(layer, io.n)?;
+        let [split, reduce] = &self.pipes.step[io.input as usize];
+        let segs = &self.layers[layer as usize];
+        pass.set_bind_group(1, &io.bind_group, &[]);
+        pass.set_pipeline(split);
+        for seg in segs {
+            pass.set_bind_group(0, &seg.step_bg, &[]);
+            pass.dispatch_workgroups(self.layout.splits, self.spec.kv_heads, self.spec.batch);
+        }
+        pass.set_pipeline(reduce);
+        pass.dispatch_workgroups(self.spec.q_heads, self.spec.batch, 1);
+        self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
+        Ok(())
+    }
+
+    /// Records a fused decode step into `encoder` (in a compute pass of its own).
+    pub fn step(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        io: &StepIo,
+    ) -> Result<()> {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("kvq step"),
+            timestamp_writes: None,
+        });
+        self.step_in_pass(&mut pass, layer, io)
     }
 
     /// Records an append of `input`'s tokens to `layer` into an open compute pass.
@@ -507,20 +604,7 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
-        self.check_layer(layer)?;
-        let b = self.spec.batch as usize;
-        let lens = &mut self.host_lens[layer as usize * b..(layer as usize + 1) * b];
-        if let Some(&len) = lens
-            .iter()
-            .find(|&&l| l as u64 + input.n as u64 > self.spec.capacity as u64)
-        {
-            return Err(KvqError::CapacityExceeded {
-                layer,
-                len,
-                n: input.n,
-                capacity: self.spec.capacity,
-            });
-        }
+        self.reserve(layer, input.n)?;
         let pipes = &self.pipes.append[input.input as usize];
         let segs = &self.layers[layer as usize];
         pass.set_bind_group(1, &input.bind_group, &[]);
@@ -544,9 +628,6 @@ impl KvCache {
             dispatches += 1;
         }
         self.ctx.counters().add_dispatches(dispatches);
-        for l in lens.iter_mut() {
-            *l += input.n;
-        }
         Ok(())
     }
 

@@ -12,6 +12,8 @@ const COMMON: &str = include_str!("../wgsl/common.wgsl");
 const APPEND: &str = include_str!("../wgsl/append.wgsl");
 const DECODE: &str = include_str!("../wgsl/decode.wgsl");
 const STORE_F16: &str = include_str!("../wgsl/store_f16.wgsl");
+const ATTEND_ONLY: &str = include_str!("../wgsl/attend_only.wgsl");
+const STEP: &str = include_str!("../wgsl/step.wgsl");
 
 /// Element type of the caller's K/V input buffers for append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,9 +93,9 @@ impl KernelConfig {
         h
     }
 
-    /// Source of the append kernels (`append_small`, `append_wide`, `append_commit`).
-    pub fn append_source(&self, input: InputType) -> String {
-        let io = match input {
+    /// WGSL reading the caller's K/V input elements as pairs (`in_pair_k`, `in_pair_v`).
+    fn input_reader(input: InputType) -> &'static str {
+        match input {
             InputType::F32 => {
                 "alias IN_T = f32;\n\
                  fn in_pair_k(i: u32) -> vec2<f32> { return vec2<f32>(k_in[2u * i], k_in[2u * i + 1u]); }\n\
@@ -104,18 +106,57 @@ impl KernelConfig {
                  fn in_pair_k(i: u32) -> vec2<f32> { return unpack2x16float(k_in[i]); }\n\
                  fn in_pair_v(i: u32) -> vec2<f32> { return unpack2x16float(v_in[i]); }\n"
             }
-        };
-        format!("{}{io}\n{COMMON}\n{APPEND}", self.header())
+        }
     }
 
-    /// Source of the decode kernels (`split`, `reduce`).
-    pub fn decode_source(&self) -> String {
-        let store = match (self.k.kind, self.v.kind) {
+    /// Source of the append kernels (`append_small`, `append_wide`, `append_commit`).
+    pub fn append_source(&self, input: InputType) -> String {
+        format!(
+            "{}{}\n{COMMON}\n{APPEND}",
+            self.header(),
+            Self::input_reader(input)
+        )
+    }
+
+    fn store_source(&self) -> &'static str {
+        match (self.k.kind, self.v.kind) {
             (CodecKind::None, CodecKind::None) => STORE_F16,
             // KvCache::new refuses other codecs before building kernels.
             _ => STORE_F16,
+        }
+    }
+
+    /// Source of the attend kernels (`split`, `reduce`).
+    pub fn decode_source(&self) -> String {
+        let src = format!(
+            "{}\n{COMMON}\n{}\n{ATTEND_ONLY}\n{DECODE}",
+            self.header(),
+            self.store_source()
+        );
+        expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
+    }
+
+    /// Source of the fused decode-step kernels (`split` appends the new rows it covers,
+    /// `reduce` commits the length): the attend kernels with the store and lengths writable.
+    pub fn step_source(&self, input: InputType) -> String {
+        let writable = |s: &str| {
+            s.replace(
+                "var<storage, read> k_store",
+                "var<storage, read_write> k_store",
+            )
+            .replace(
+                "var<storage, read> v_store",
+                "var<storage, read_write> v_store",
+            )
+            .replace("var<storage, read> lens", "var<storage, read_write> lens")
         };
-        let src = format!("{}\n{COMMON}\n{store}\n{DECODE}", self.header());
+        let src = format!(
+            "{}{}\n{COMMON}\n{}\n{STEP}\n{}",
+            self.header(),
+            Self::input_reader(input),
+            writable(self.store_source()),
+            writable(DECODE)
+        );
         expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
     }
 
@@ -125,6 +166,8 @@ impl KernelConfig {
             ("append_f32".into(), self.append_source(InputType::F32)),
             ("append_f16".into(), self.append_source(InputType::F16)),
             ("decode".into(), self.decode_source()),
+            ("step_f32".into(), self.step_source(InputType::F32)),
+            ("step_f16".into(), self.step_source(InputType::F16)),
         ]
     }
 
@@ -177,6 +220,10 @@ pub(crate) struct Pipelines {
     pub append: [[wgpu::ComputePipeline; 3]; 2],
     pub split: wgpu::ComputePipeline,
     pub reduce: wgpu::ComputePipeline,
+    pub step_store: wgpu::BindGroupLayout,
+    pub step_io: wgpu::BindGroupLayout,
+    /// [F32, F16] x (split, reduce) of the fused step.
+    pub step: [[wgpu::ComputePipeline; 2]; 2],
 }
 
 fn entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
@@ -236,6 +283,17 @@ impl Pipelines {
         };
         let append_layout = pl(&append_store, &append_input);
         let decode_layout = pl(&decode_store, &decode_io);
+        let step_store = layout(
+            device,
+            "kvq step store",
+            &[(0, UNIFORM), (1, RW), (2, RW), (3, RW), (4, RW)],
+        );
+        let step_io = layout(
+            device,
+            "kvq step io",
+            &[(0, RO), (1, RW), (2, RO), (3, RO), (4, UNIFORM)],
+        );
+        let step_layout = pl(&step_store, &step_io);
         let module = |label: &str, src: String| {
             device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(label),
@@ -259,6 +317,10 @@ impl Pipelines {
         let dm = module("kvq decode", cfg.decode_source());
         let split = pipe(&decode_layout, &dm, "split");
         let reduce = pipe(&decode_layout, &dm, "reduce");
+        let step = [InputType::F32, InputType::F16].map(|t| {
+            let m = module("kvq step", cfg.step_source(t));
+            ["split", "reduce"].map(|ep| pipe(&step_layout, &m, ep))
+        });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(KvqError::Gpu(format!("building kvq's kernels failed: {e}")));
         }
@@ -267,6 +329,9 @@ impl Pipelines {
             append_input,
             decode_store,
             decode_io,
+            step_store,
+            step_io,
+            step,
             append,
             split,
             reduce,

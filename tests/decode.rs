@@ -176,3 +176,103 @@ fn many_splits_match_reference() {
         assert!(e <= TOL, "d={d} splits={splits} len={len}: rel err {e:e}");
     }
 }
+
+/// The fused step (split writes the new rows, reduce commits the length) gives the same
+/// attention as append + attend, across split and segment boundaries, for every shape kind.
+#[test]
+fn fused_step_matches_reference() {
+    use kvq::InputType;
+    let dev = &common::ctx().device;
+    let queue = &common::ctx().queue;
+    for (d, g, kvh, batch, seg_tokens, input) in [
+        (128u32, 4u32, 2u32, 1u32, None, InputType::F32),
+        (96, 8, 1, 2, Some(64u32), InputType::F16),
+        (64, 1, 4, 1, None, InputType::F16),
+    ] {
+        let mut spec = CacheSpec::new(2, kvh * g, kvh, d, 200)
+            .with_splits(3)
+            .with_batch(batch);
+        spec.segment_tokens = seg_tokens;
+        let mut c = Checked::new(spec, 100 + d as u64);
+        c.append(0, 90);
+        c.append(1, 30);
+        let per = (batch * kvh * d) as usize;
+        let qn = (batch * kvh * g * d) as usize;
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let mk = |bytes: usize| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes as u64,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let (kb, vb, qb, ob) = (mk(per * 4), mk(per * 4), mk(qn * 4), mk(qn * 4));
+        let io = c.cache.step_io(&kb, &vb, 1, input, &qb, &ob).unwrap();
+        for step in 0..40 {
+            let layer = step % 2;
+            let k = c.rng.normals(per, 1.0);
+            let v = c.rng.normals(per, 1.0);
+            let q = c.rng.normals(qn, 2.0);
+            let bytes = |x: &[f32]| -> Vec<u8> {
+                match input {
+                    InputType::F32 => bytemuck::cast_slice(x).to_vec(),
+                    InputType::F16 => x
+                        .iter()
+                        .flat_map(|&f| half::f16::from_f32(f).to_le_bytes())
+                        .collect(),
+                }
+            };
+            queue.write_buffer(&kb, 0, &bytes(&k));
+            queue.write_buffer(&vb, 0, &bytes(&v));
+            queue.write_buffer(&qb, 0, bytemuck::cast_slice(&q));
+            queue.write_buffer(&ob, 0, bytemuck::cast_slice(&vec![f32::NAN; qn]));
+            let before = common::ctx().stats();
+            let mut enc = dev.create_command_encoder(&Default::default());
+            c.cache.step(&mut enc, layer, &io).unwrap();
+            let delta = common::ctx().stats() - before;
+            assert_eq!(
+                (
+                    delta.bytes_uploaded,
+                    delta.bytes_downloaded,
+                    delta.dispatches
+                ),
+                (0, 0, c.cache.layout().segments as u64 + 1)
+            );
+            queue.submit([enc.finish()]);
+            for b in 0..batch as usize {
+                let r = b * per / batch as usize..(b + 1) * per / batch as usize;
+                c.k[layer as usize][b].extend(reference::round_f16(&k[r.clone()]));
+                c.v[layer as usize][b].extend(reference::round_f16(&v[r]));
+            }
+            let raw = common::read_f32(&ob, qn);
+            let s = c.cache.spec().clone();
+            let qh = (kvh * g) as usize;
+            for b in 0..batch as usize {
+                let qb64: Vec<f64> = q[b * qh * d as usize..(b + 1) * qh * d as usize]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
+                let want = reference::attention(
+                    &qb64,
+                    &c.k[layer as usize][b],
+                    &c.v[layer as usize][b],
+                    qh,
+                    kvh as usize,
+                    d as usize,
+                    s.softmax_scale() as f64,
+                );
+                let e = rel_err(&raw[b * qh * d as usize..(b + 1) * qh * d as usize], &want);
+                assert!(e <= TOL, "d={d} g={g} batch {b} step {step}: rel err {e:e}");
+            }
+        }
+        let (lens, overflow) = c.cache.read_gpu_lengths().unwrap();
+        assert_eq!(
+            lens,
+            [vec![110; batch as usize], vec![50; batch as usize]].concat()
+        );
+        assert!(overflow.iter().all(|&f| f == 0));
+    }
+}

@@ -5,6 +5,8 @@
 // output) per query head. `reduce`: one workgroup per (query head, sequence) merges the
 // partials. Lengths are read on the GPU, so a step needs no host data.
 //
+// Without wgsl/step.wgsl linked in, the module attends only: no rows written, no commit.
+// (The step module links step.wgsl instead of wgsl/attend_only.wgsl.)
 // The store's readers come from the codec file linked in front of this one:
 //   fn k_scores(row: u32)                    sets sc$g, the scores of row against q_sh
 //   fn v_load(row: u32, c: u32) -> vec4<f32> values 4c..4c+3 of row
@@ -56,13 +58,20 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         len_sh = lens[len_index(seg.layer, b)];
     }
     let len = workgroupUniformLoad(&len_sh);
+    // A fused step (wgsl/step.wgsl) also attends the tokens it appends; plain attend: 0.
+    let total = len + step_tokens(len);
     var valid = 0u;
-    if len > seg.seg_start {
-        valid = min(len - seg.seg_start, seg.seg_tokens);
+    if total > seg.seg_start {
+        valid = min(total - seg.seg_start, seg.seg_tokens);
     }
     let chunk = max((valid + NSPLIT - 1u) / NSPLIT, MIN_CHUNK);
     let start = min(s * chunk, valid);
     let end = min(start + chunk, valid);
+    if total > len {
+        // The new rows inside this split are written by this workgroup, which alone reads them.
+        write_new_rows(lid, b, h, len, start + seg.seg_start, end + seg.seg_start);
+        storageBarrier();
+    }
 
 
     let c = lid % VC;
@@ -194,5 +203,8 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         out[p + 1u] = y.y;
         out[p + 2u] = y.z;
         out[p + 3u] = y.w;
+    }
+    if qh == 0u && lid == 0u {
+        commit_step(b);
     }
 }

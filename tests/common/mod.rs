@@ -93,3 +93,24 @@ pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
         .fold(0.0, f64::max)
         / scale
 }
+
+/// Reads `n` f32 values from the start of a COPY_SRC buffer.
+pub fn read_f32(buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    let ctx = ctx();
+    let rb = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: (n * 4) as u64,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(buf, 0, &rb, 0, (n * 4) as u64);
+    ctx.queue.submit([enc.finish()]);
+    rb.map_async(wgpu::MapMode::Read, .., |r| r.expect("map"));
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    let out = bytemuck::cast_slice(&rb.get_mapped_range(..).expect("mapped")).to_vec();
+    rb.unmap();
+    out
+}

@@ -1,0 +1,47 @@
+// Fused decode step hooks: the split kernel appends the new tokens' K and V rows it covers
+// and attends over them; the reduce kernel then commits the sequence length. One layer's
+// step is thereby two dispatches (split, reduce) instead of three (append, split, reduce).
+//
+// Inputs as for append: [B, n, KVH, D] in IN_T elements, read through in_pair_k/in_pair_v.
+
+@group(1) @binding(2) var<storage, read> k_in: array<IN_T>;
+@group(1) @binding(3) var<storage, read> v_in: array<IN_T>;
+struct StepInput {
+    n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+@group(1) @binding(4) var<uniform> input: StepInput;
+
+// Tokens this step appends: all of them, or none when they would pass the capacity.
+fn step_tokens(len: u32) -> u32 {
+    return select(0u, input.n, len + input.n <= CAP);
+}
+
+// Writes kv head h's rows of sequence b for positions [max(first, len), last).
+fn write_new_rows(lid: u32, b: u32, h: u32, len: u32, first: u32, last: u32) {
+    let p0 = max(first, len);
+    if last <= p0 {
+        return;
+    }
+    for (var i = lid; i < (last - p0) * (D / 2u); i += WG) {
+        let pos = p0 + i / (D / 2u);
+        let w = i % (D / 2u);
+        let src = ((b * input.n + (pos - len)) * KVH + h) * (D / 2u) + w;
+        let row = seg_row(b, h, pos, seg);
+        k_store[k_chunk(row, w / 4u)][w % 4u] = pack2x16float(in_pair_k(src));
+        v_store[row * (D / 4u) + w / 2u][w % 2u] = pack2x16float(in_pair_v(src));
+    }
+}
+
+// Called by one invocation per sequence after every split has read the old length.
+fn commit_step(b: u32) {
+    let li = len_index(seg.layer, b);
+    let len = lens[li];
+    if len + input.n <= CAP {
+        lens[li] = len + input.n;
+    } else {
+        lens[LAYERS * B + li] = 1u;
+    }
+}
