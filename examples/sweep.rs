@@ -107,6 +107,8 @@ struct Row {
     ctx: u32,
     layers: u32,
     step_ms: f64,
+    /// Host time to record and finish the step's commands (inside step_ms).
+    record_ms: f64,
     gpu_ms: Option<f64>,
     bytes: u64,
     bits_k: f64,
@@ -285,6 +287,7 @@ fn run_point(
     });
 
     let mut host_ms = Vec::new();
+    let mut record_ms = Vec::new();
     let mut before = ctx.stats();
     for s in 0..total {
         if s == args.warmup {
@@ -326,7 +329,9 @@ fn run_point(
                 RESOLVE_STRIDE * s as u64,
             );
         }
-        let idx = ctx.queue.submit([enc.finish()]);
+        let cmd = enc.finish();
+        let recorded = t0.elapsed();
+        let idx = ctx.queue.submit([cmd]);
         ctx.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(idx),
@@ -335,6 +340,7 @@ fn run_point(
             .map_err(|e| e.to_string())?;
         if s >= args.warmup {
             host_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            record_ms.push(recorded.as_secs_f64() * 1e3);
         }
     }
     let d = ctx.stats() - before;
@@ -373,6 +379,7 @@ fn run_point(
         ctx: context,
         layers: m.layers,
         step_ms: median(&mut host_ms),
+        record_ms: median(&mut record_ms),
         gpu_ms,
         bytes,
         bits_k: codecs.k.bits_per_value(m.head_dim),
@@ -477,14 +484,15 @@ fn main() {
             .map(|r| r.step_ms)
     };
     let mut csv = String::from(
-        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step\n",
+        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms\n",
     );
     println!(
-        "\n{:<22} {:>7} {:>6} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>7} {:>6} {:>6}",
+        "\n{:<22} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>7} {:>6} {:>6}",
         "codec",
         "ctx",
         "layers",
         "step_ms",
+        "record_ms",
         "gpu_ms",
         "tok/s",
         "GB/s",
@@ -501,11 +509,12 @@ fn main() {
         let fmt_opt =
             |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
         println!(
-            "{:<22} {:>7} {:>6} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6.2} {:>6.2} {:>7} {:>6.0} {:>6.0}",
+            "{:<22} {:>7} {:>6} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6.2} {:>6.2} {:>7} {:>6.0} {:>6.0}",
             r.codec,
             r.ctx,
             r.layers,
             r.step_ms,
+            r.record_ms,
             fmt_opt(r.gpu_ms, 3),
             1e3 / r.step_ms,
             gbps,
@@ -516,7 +525,7 @@ fn main() {
             r.dispatches
         );
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4}\n",
             r.codec,
             m.name,
             r.ctx,
@@ -529,7 +538,8 @@ fn main() {
             r.bits_v,
             fmt_opt(ratio, 4),
             r.host_bytes,
-            r.dispatches
+            r.dispatches,
+            r.record_ms
         );
     }
     if let Some(path) = &args.csv {
