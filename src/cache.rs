@@ -144,9 +144,9 @@ impl KvCache {
     pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
         spec.validate()?;
         for c in [spec.codecs.k, spec.codecs.v] {
-            if c.kind != CodecKind::None {
+            if !crate::kernels::gpu_supported(c) {
                 return Err(KvqError::InvalidSpec(format!(
-                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels yet; only 'none' runs on the GPU",
+                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels yet; the GPU serves none, q8 and q4",
                     c.name()
                 )));
             }
@@ -481,7 +481,9 @@ impl KvCache {
     ) -> Result<AppendInput> {
         self.check_kv_inputs(k, v, n, input)?;
         let s = &self.spec;
-        let words = n as u64 * s.kv_heads as u64 * (s.head_dim as u64 / 2);
+        let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
+            + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
+        let words = n as u64 * s.kv_heads as u64 * row_tasks as u64;
         let max_groups = self
             .ctx
             .device
@@ -799,23 +801,49 @@ impl KvCache {
         Ok((all[..n].to_vec(), all[n..].to_vec()))
     }
 
-    /// Reads the raw stored rows of `layer` (K then V, each `[batch, kv_heads, capacity, row]`
-    /// words, segments concatenated per row range): for tests and diagnostics.
-    pub fn read_raw_rows(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
+    /// Reads the stored rows of `layer` in logical order: K then V, each
+    /// `[batch, kv_heads, capacity, row_words]` words exactly as the codec's row layout
+    /// defines them (storage interleaving and segments undone). For tests and diagnostics.
+    pub fn read_rows(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
         self.check_layer(layer)?;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        for seg in &self.layers[layer as usize] {
-            k.extend_from_slice(bytemuck::cast_slice(&self.ctx.read_back(
-                &seg.k,
-                0,
-                seg.k.size(),
-            )?));
-            v.extend_from_slice(bytemuck::cast_slice(&self.ctx.read_back(
-                &seg.v,
-                0,
-                seg.v.size(),
-            )?));
+        let s = &self.spec;
+        let (kw, vw) = (
+            s.codecs.k.row_words(s.head_dim) as usize,
+            s.codecs.v.row_words(s.head_dim) as usize,
+        );
+        let runs = (s.batch * s.kv_heads) as usize;
+        let cap = s.capacity as usize;
+        let mut k = vec![0u32; runs * cap * kw];
+        let mut v = vec![0u32; runs * cap * vw];
+        for (si, seg) in self.layers[layer as usize].iter().enumerate() {
+            let kraw: Vec<u32> =
+                bytemuck::cast_slice(&self.ctx.read_back(&seg.k, 0, seg.k.size())?).to_vec();
+            let vraw: Vec<u32> =
+                bytemuck::cast_slice(&self.ctx.read_back(&seg.v, 0, seg.v.size())?).to_vec();
+            let start = si * self.layout.segment_tokens as usize;
+            let stride = kraw.len() / (runs * kw); // allocated tokens per run in this segment
+            for run in 0..runs {
+                for p in 0..stride.min(cap.saturating_sub(start)) {
+                    let row = run * stride + p;
+                    let dst = (run * cap + start + p) * kw;
+                    for w in 0..kw {
+                        // K interleave: f16 by 16-byte chunks, q8/q4 by words (wgsl/codec_*.wgsl).
+                        let idx = if s.codecs.k.kind == CodecKind::None {
+                            4 * ((row - row % K_BLOCK as usize) * (kw / 4)
+                                + (w / 4) * K_BLOCK as usize
+                                + row % K_BLOCK as usize)
+                                + w % 4
+                        } else {
+                            (row - row % K_BLOCK as usize) * kw
+                                + w * K_BLOCK as usize
+                                + row % K_BLOCK as usize
+                        };
+                        k[dst + w] = kraw[idx];
+                    }
+                    let vdst = (run * cap + start + p) * vw;
+                    v[vdst..vdst + vw].copy_from_slice(&vraw[row * vw..(row + 1) * vw]);
+                }
+            }
         }
         Ok((k, v))
     }

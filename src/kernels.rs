@@ -11,7 +11,13 @@ use crate::error::{KvqError, Result};
 const COMMON: &str = include_str!("../wgsl/common.wgsl");
 const APPEND: &str = include_str!("../wgsl/append.wgsl");
 const DECODE: &str = include_str!("../wgsl/decode.wgsl");
-const STORE_F16: &str = include_str!("../wgsl/store_f16.wgsl");
+const CODEC_F16: &str = include_str!("../wgsl/codec_f16.wgsl");
+const CODEC_SYM: &str = include_str!("../wgsl/codec_sym.wgsl");
+const READ_K_F16: &str = include_str!("../wgsl/read_k_f16.wgsl");
+const READ_V_F16: &str = include_str!("../wgsl/read_v_f16.wgsl");
+const READ_K_Q8: &str = include_str!("../wgsl/read_k_q8.wgsl");
+const READ_K_Q4: &str = include_str!("../wgsl/read_k_q4.wgsl");
+const READ_V_SYM: &str = include_str!("../wgsl/read_v_sym.wgsl");
 const ATTEND_ONLY: &str = include_str!("../wgsl/attend_only.wgsl");
 const STEP: &str = include_str!("../wgsl/step.wgsl");
 
@@ -89,6 +95,15 @@ impl KernelConfig {
         h += &c("KU", k_unroll(self.head_dim));
         h += &c("VU", V_UNROLL);
         h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
+        for (side, codec) in [("K", self.k), ("V", self.v)] {
+            let d = self.head_dim;
+            let layout = codec.layout(d).expect("codec checked by KvCache::new");
+            h += &c(&format!("{side}_WORDS"), layout.words);
+            h += &c(&format!("{side}_BITS"), layout.code_bits);
+            h += &c(&format!("{side}_SIDE_WORD"), layout.side_offset_bits / 32);
+            h += &c(&format!("{side}_TASKS"), encode_tasks(codec, d));
+            h += &format!("const {side}_INTERLEAVED: bool = {};\n", side == "K");
+        }
         h += &format!("const SCALE: f32 = {:e};\n", self.scale);
         h
     }
@@ -109,29 +124,61 @@ impl KernelConfig {
         }
     }
 
+    /// One side's codec file: binding declaration, row indexing and (unless `attend_only`)
+    /// the encoder, specialised for K (binding 1, interleaved) or V (binding 2).
+    fn side_source(&self, side: Side, access: &str, attend_only: bool) -> String {
+        let (codec, name, upper, binding, lanes) = match side {
+            Side::K => (self.k, "k", "K", "1", "4"),
+            Side::V => (self.v, "v", "V", "2", "2"),
+        };
+        let mut src = match codec.kind {
+            CodecKind::Sym => CODEC_SYM,
+            _ => CODEC_F16,
+        };
+        if attend_only {
+            src = &src[..src.find("// @ENCODER@").unwrap_or(src.len())];
+        }
+        src.replace("@SIDE@", name)
+            .replace("@S@", upper)
+            .replace("@ACCESS@", access)
+            .replace("@BINDING@", binding)
+            .replace("@LANES@", lanes)
+    }
+
+    /// The decode readers (`k_scores`, `v_load`) for this cache's codecs.
+    fn readers(&self) -> String {
+        let k = match (self.k.kind, self.k.bits) {
+            (CodecKind::Sym, 8) => READ_K_Q8,
+            (CodecKind::Sym, _) => READ_K_Q4,
+            _ => READ_K_F16,
+        };
+        let v = if self.v.kind == CodecKind::Sym {
+            READ_V_SYM
+        } else {
+            READ_V_F16
+        };
+        format!("{k}\n{v}")
+    }
+
     /// Source of the append kernels (`append_small`, `append_wide`, `append_commit`).
     pub fn append_source(&self, input: InputType) -> String {
         format!(
-            "{}{}\n{COMMON}\n{APPEND}",
+            "{}{}\n{COMMON}\n{}\n{}\n{APPEND}",
             self.header(),
-            Self::input_reader(input)
+            Self::input_reader(input),
+            self.side_source(Side::K, "read_write", false),
+            self.side_source(Side::V, "read_write", false)
         )
-    }
-
-    fn store_source(&self) -> &'static str {
-        match (self.k.kind, self.v.kind) {
-            (CodecKind::None, CodecKind::None) => STORE_F16,
-            // KvCache::new refuses other codecs before building kernels.
-            _ => STORE_F16,
-        }
     }
 
     /// Source of the attend kernels (`split`, `reduce`).
     pub fn decode_source(&self) -> String {
         let src = format!(
-            "{}\n{COMMON}\n{}\n{ATTEND_ONLY}\n{DECODE}",
+            "{}\n{COMMON}\n{}\n{}\n{}\n{ATTEND_ONLY}\n{DECODE}",
             self.header(),
-            self.store_source()
+            self.side_source(Side::K, "read", true),
+            self.side_source(Side::V, "read", true),
+            self.readers()
         );
         expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
     }
@@ -139,23 +186,14 @@ impl KernelConfig {
     /// Source of the fused decode-step kernels (`split` appends the new rows it covers,
     /// `reduce` commits the length): the attend kernels with the store and lengths writable.
     pub fn step_source(&self, input: InputType) -> String {
-        let writable = |s: &str| {
-            s.replace(
-                "var<storage, read> k_store",
-                "var<storage, read_write> k_store",
-            )
-            .replace(
-                "var<storage, read> v_store",
-                "var<storage, read_write> v_store",
-            )
-            .replace("var<storage, read> lens", "var<storage, read_write> lens")
-        };
         let src = format!(
-            "{}{}\n{COMMON}\n{}\n{STEP}\n{}",
+            "{}{}\n{COMMON}\n{}\n{}\n{}\n{STEP}\n{}",
             self.header(),
             Self::input_reader(input),
-            writable(self.store_source()),
-            writable(DECODE)
+            self.side_source(Side::K, "read_write", false),
+            self.side_source(Side::V, "read_write", false),
+            self.readers(),
+            DECODE.replace("var<storage, read> lens", "var<storage, read_write> lens")
         );
         expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
     }
@@ -175,6 +213,30 @@ impl KernelConfig {
     pub fn split_workgroup_bytes(&self) -> u32 {
         let (g, d, wg) = (self.gqa, self.head_dim, self.workgroup);
         4 * (2 * g * d + 2 * g * wg + g + 1)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    K,
+    V,
+}
+
+/// Encode tasks per stored row (each task writes whole words): a word per task for f16, a
+/// pair of 32-value blocks (their code words and shared scale word) for q8/q4.
+pub(crate) fn encode_tasks(codec: Codec, head_dim: u32) -> u32 {
+    match codec.kind {
+        CodecKind::Sym => head_dim.div_ceil(64),
+        _ => head_dim / 2,
+    }
+}
+
+/// Whether the GPU kernels serve `codec` (the others have a CPU reference only, so far).
+pub fn gpu_supported(codec: Codec) -> bool {
+    match codec.kind {
+        CodecKind::None => true,
+        CodecKind::Sym => !codec.qjl,
+        _ => false,
     }
 }
 

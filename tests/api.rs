@@ -138,27 +138,34 @@ fn bad_calls_are_typed_errors_and_change_nothing() {
 fn recorded_step_moves_zero_host_bytes() {
     let layers = 4;
     let spec = CacheSpec::new(layers, 8, 2, 64, 128).with_splits(2);
-    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    // A private context: the shared one's counters also count concurrent tests.
+    let gpu = common::private_ctx();
+    let mut cache = KvCache::new(&gpu, spec).unwrap();
+    let buffer = |size: u64, usage: wgpu::BufferUsages| {
+        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
     let k = buffer(2 * 64 * 4, usage);
     let v = buffer(2 * 64 * 4, usage);
     let q = buffer(8 * 64 * 4, usage);
     let out = buffer(8 * 64 * 4, usage);
     let mut rng = Rng(9);
-    ctx()
-        .queue
+    gpu.queue
         .write_buffer(&k, 0, bytemuck::cast_slice(&rng.normals(128, 1.0)));
-    ctx()
-        .queue
+    gpu.queue
         .write_buffer(&v, 0, bytemuck::cast_slice(&rng.normals(128, 1.0)));
-    ctx()
-        .queue
+    gpu.queue
         .write_buffer(&q, 0, bytemuck::cast_slice(&rng.normals(512, 1.0)));
     let input = cache.append_input(&k, &v, 1, InputType::F32).unwrap();
     let io = cache.attend_io(&q, &out).unwrap();
     for _step in 0..3 {
-        let before = ctx().stats();
-        let mut enc = ctx().device.create_command_encoder(&Default::default());
+        let before = gpu.stats();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             for layer in 0..layers {
@@ -166,10 +173,10 @@ fn recorded_step_moves_zero_host_bytes() {
                 cache.attend_in_pass(&mut pass, layer, &io).unwrap();
             }
         }
-        let d = ctx().stats() - before;
+        let d = gpu.stats() - before;
         assert_eq!((d.bytes_uploaded, d.bytes_downloaded), (0, 0));
         assert_eq!(d.dispatches, 3 * layers as u64);
-        ctx().queue.submit([enc.finish()]);
+        gpu.queue.submit([enc.finish()]);
     }
     assert_eq!(
         cache.read_gpu_lengths().unwrap().0,

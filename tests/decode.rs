@@ -18,8 +18,12 @@ struct Checked {
 
 impl Checked {
     fn new(spec: CacheSpec, seed: u64) -> Checked {
+        Self::new_on(ctx(), spec, seed)
+    }
+
+    fn new_on(gpu: &kvq::GpuContext, spec: CacheSpec, seed: u64) -> Checked {
         let (l, b) = (spec.layers as usize, spec.batch as usize);
-        let cache = KvCache::new(ctx(), spec).expect("cache");
+        let cache = KvCache::new(gpu, spec).expect("cache");
         Checked {
             cache,
             k: vec![vec![Vec::new(); b]; l],
@@ -182,8 +186,9 @@ fn many_splits_match_reference() {
 #[test]
 fn fused_step_matches_reference() {
     use kvq::InputType;
-    let dev = &common::ctx().device;
-    let queue = &common::ctx().queue;
+    // A private context: the test asserts on its transfer counters.
+    let gpu = common::private_ctx();
+    let (dev, queue) = (&gpu.device, &gpu.queue);
     for (d, g, kvh, batch, seg_tokens, input) in [
         (128u32, 4u32, 2u32, 1u32, None, InputType::F32),
         (96, 8, 1, 2, Some(64u32), InputType::F16),
@@ -193,7 +198,7 @@ fn fused_step_matches_reference() {
             .with_splits(3)
             .with_batch(batch);
         spec.segment_tokens = seg_tokens;
-        let mut c = Checked::new(spec, 100 + d as u64);
+        let mut c = Checked::new_on(&gpu, spec, 100 + d as u64);
         c.append(0, 90);
         c.append(1, 30);
         let per = (batch * kvh * d) as usize;
@@ -229,10 +234,10 @@ fn fused_step_matches_reference() {
             queue.write_buffer(&vb, 0, &bytes(&v));
             queue.write_buffer(&qb, 0, bytemuck::cast_slice(&q));
             queue.write_buffer(&ob, 0, bytemuck::cast_slice(&vec![f32::NAN; qn]));
-            let before = common::ctx().stats();
+            let before = gpu.stats();
             let mut enc = dev.create_command_encoder(&Default::default());
             c.cache.step(&mut enc, layer, &io).unwrap();
-            let delta = common::ctx().stats() - before;
+            let delta = gpu.stats() - before;
             assert_eq!(
                 (
                     delta.bytes_uploaded,
@@ -247,7 +252,7 @@ fn fused_step_matches_reference() {
                 c.k[layer as usize][b].extend(reference::round_f16(&k[r.clone()]));
                 c.v[layer as usize][b].extend(reference::round_f16(&v[r]));
             }
-            let raw = common::read_f32(&ob, qn);
+            let raw = common::read_f32(&gpu, &ob, qn);
             let s = c.cache.spec().clone();
             let qh = (kvh * g) as usize;
             for b in 0..batch as usize {

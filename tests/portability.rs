@@ -11,14 +11,19 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 fn configs() -> Vec<KernelConfig> {
     let mut v = Vec::new();
-    for &(d, g) in &[
+    let q8 = kvq::KvCodecs::parse("q8_sym").unwrap();
+    let mixed = kvq::KvCodecs::parse("k=q4,v=none").unwrap();
+    let pairs = [(Codec::NONE, Codec::NONE), (q8.k, q8.v), (mixed.k, mixed.v)];
+    let shapes = [
         (64u32, 1u32),
         (96, 2),
         (128, 4),
         (256, 8),
         (128, 8),
         (64, 8),
-    ] {
+    ];
+    for (i, &(d, g)) in shapes.iter().enumerate() {
+        let (k, vc) = pairs[i % pairs.len()];
         v.push(KernelConfig {
             head_dim: d,
             gqa: g,
@@ -31,8 +36,8 @@ fn configs() -> Vec<KernelConfig> {
             min_chunk: 32,
             scale: 1.0 / (d as f32).sqrt(),
             workgroup: 128,
-            k: Codec::NONE,
-            v: Codec::NONE,
+            k,
+            v: vc,
         });
     }
     v
@@ -135,7 +140,7 @@ fn every_kernel_translates_to_every_backend() {
         }
     }
     eprintln!("{checked} entry points translated");
-    assert!(checked >= 6 * 5);
+    assert!(checked >= 6 * 9);
 }
 
 /// No kernel may assume a subgroup size, and none uses subgroup operations yet: the portable

@@ -7,8 +7,8 @@
 // and a separate one-workgroup `commit` dispatch advances the length afterwards.
 
 @group(0) @binding(0) var<uniform> seg: Seg;
-@group(0) @binding(1) var<storage, read_write> k_store: array<u32>;
-@group(0) @binding(2) var<storage, read_write> v_store: array<u32>;
+// k_store (binding 1) and v_store (binding 2) and their encode_k / encode_v come from the
+// codec files linked in front of this one.
 // [LAYERS * B] lengths, then [LAYERS * B] overflow flags.
 @group(0) @binding(3) var<storage, read_write> lens: array<u32>;
 
@@ -26,21 +26,27 @@ struct Input {
 const APPEND_WG: u32 = 256u;
 var<workgroup> base_sh: u32;
 
-// Writes word i (of n*KVH*D/2) of sequence b's new rows, whose first position is `base`,
-// if that position lies in this segment.
-fn write_word(b: u32, base: u32, i: u32) {
-    let words_per_tok = KVH * (D / 2u);
-    let t = i / words_per_tok;
+// Encode tasks per new row: K_TASKS for K then V_TASKS for V (a word for f16, a pair of
+// 32-value blocks for q8/q4; each task owns whole words).
+const ROW_TASKS: u32 = K_TASKS + V_TASKS;
+
+// Runs task i (of n * KVH * ROW_TASKS) of sequence b's new rows, whose first position is
+// `base`, if its position lies in this segment.
+fn write_task(b: u32, base: u32, i: u32) {
+    let t = i / (KVH * ROW_TASKS);
     let pos = base + t;
     if pos < seg.seg_start || pos >= seg.seg_start + seg.seg_tokens {
         return;
     }
-    let rem = i % words_per_tok;
-    let w = rem % (D / 2u);
-    let row = seg_row(b, rem / (D / 2u), pos, seg);
-    let src = (b * input.n + t) * words_per_tok + rem;
-    k_store[4u * k_chunk(row, w / 4u) + w % 4u] = pack2x16float(in_pair_k(src));
-    v_store[row * (D / 2u) + w] = pack2x16float(in_pair_v(src));
+    let h = (i / ROW_TASKS) % KVH;
+    let task = i % ROW_TASKS;
+    let row = seg_row(b, h, pos, seg);
+    let src = ((b * input.n + t) * KVH + h) * (D / 2u);
+    if task < K_TASKS {
+        encode_k(row, src, task);
+    } else {
+        encode_v(row, src, task - K_TASKS);
+    }
 }
 
 // Overflow (base + n > CAP) writes nothing and raises the sequence's overflow flag instead.
@@ -62,8 +68,8 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     }
     let base = workgroupUniformLoad(&base_sh);
     if base + input.n <= CAP {
-        for (var i = lid; i < input.n * KVH * (D / 2u); i += APPEND_WG) {
-            write_word(b, base, i);
+        for (var i = lid; i < input.n * KVH * ROW_TASKS; i += APPEND_WG) {
+            write_task(b, base, i);
         }
     }
     // Only invocation 0 touches the length, and it read it above: no other ordering needed.
@@ -81,9 +87,9 @@ fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
         return;
     }
     let per_wg = APPEND_WG * input.items;
-    let last = min(input.n * KVH * (D / 2u), (wid.x + 1u) * per_wg);
+    let last = min(input.n * KVH * ROW_TASKS, (wid.x + 1u) * per_wg);
     for (var i = wid.x * per_wg + lid; i < last; i += APPEND_WG) {
-        write_word(b, base, i);
+        write_task(b, base, i);
     }
 }
 

@@ -46,3 +46,14 @@ fn unpack8(w: vec4<u32>) -> array<vec4<f32>, 2> {
         vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
     );
 }
+
+// The f32 value of the f16 nearest to x (ties to even), for 0 <= x <= 65504. Done in integer
+// arithmetic: unpack2x16float(pack2x16float(x)) may be folded back to x by a driver's compiler.
+fn f16_round(x: f32) -> f32 {
+    if x < 6.103515625e-05 {
+        // f16 subnormals are multiples of 2^-24; WGSL round() ties to even.
+        return round(x * 16777216.0) / 16777216.0;
+    }
+    let m = bitcast<u32>(x);
+    return bitcast<f32>((m + 0xfffu + ((m >> 13u) & 1u)) & 0xffffe000u);
+}

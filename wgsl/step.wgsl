@@ -25,13 +25,17 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32, first: u32, last: u32) {
     if last <= p0 {
         return;
     }
-    for (var i = lid; i < (last - p0) * (D / 2u); i += WG) {
-        let pos = p0 + i / (D / 2u);
-        let w = i % (D / 2u);
-        let src = ((b * input.n + (pos - len)) * KVH + h) * (D / 2u) + w;
+    let tasks = K_TASKS + V_TASKS;
+    for (var i = lid; i < (last - p0) * tasks; i += WG) {
+        let pos = p0 + i / tasks;
+        let task = i % tasks;
         let row = seg_row(b, h, pos, seg);
-        k_store[k_chunk(row, w / 4u)][w % 4u] = pack2x16float(in_pair_k(src));
-        v_store[row * (D / 4u) + w / 2u][w % 2u] = pack2x16float(in_pair_v(src));
+        let src = ((b * input.n + (pos - len)) * KVH + h) * (D / 2u);
+        if task < K_TASKS {
+            encode_k(row, src, task);
+        } else {
+            encode_v(row, src, task - K_TASKS);
+        }
     }
 }
 

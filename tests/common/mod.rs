@@ -94,9 +94,14 @@ pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
         / scale
 }
 
-/// Reads `n` f32 values from the start of a COPY_SRC buffer.
-pub fn read_f32(buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
-    let ctx = ctx();
+/// A context of its own, for tests that assert on transfer counters: the shared context's
+/// counters also count the other tests running at the same time.
+pub fn private_ctx() -> GpuContext {
+    GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+}
+
+/// Reads `n` f32 values from the start of a COPY_SRC buffer of `ctx`'s device.
+pub fn read_f32(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
     let rb = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: None,
         size: (n * 4) as u64,

@@ -1,0 +1,206 @@
+//! GPU codecs against the CPU reference: encode produces the reference's rows, and attention
+//! over the quantized store matches f64 attention over the dequantized store.
+
+mod common;
+
+use common::{Rng, attend_poisoned, ctx, rel_err};
+use kvq::codec::CodecRef;
+use kvq::{CacheSpec, KvCache, KvCodecs, reference};
+
+const TOL: f64 = 1e-3;
+
+/// Appends `n` random tokens to `layer` and returns them ([batch, n, kv_heads, d]).
+fn append(cache: &mut KvCache, rng: &mut Rng, layer: u32, n: usize) {
+    let s = cache.spec().clone();
+    let len = s.batch as usize * n * (s.kv_heads * s.head_dim) as usize;
+    // Heavier-tailed than Gaussian now and then, so block scales differ.
+    let k: Vec<f32> = (0..len)
+        .map(|i| rng.normal() * if i % 37 == 0 { 6.0 } else { 1.0 })
+        .collect();
+    let v = rng.normals(len, 1.0);
+    cache.append_host(layer, &k, &v).expect("append");
+}
+
+/// Max relative error of GPU attention on `layer` against f64 attention over the GPU's own
+/// stored rows decoded by the CPU reference (the rows themselves are checked against the
+/// reference encoder in `encode_matches_reference`).
+fn check_attention(cache: &KvCache, rng: &mut Rng, layer: u32) -> f64 {
+    let s = cache.spec().clone();
+    let (d, kvh, qh) = (s.head_dim as usize, s.kv_heads as usize, s.q_heads as usize);
+    let kref = CodecRef::new(s.codecs.k, s.head_dim, s.seed).unwrap();
+    let vref = CodecRef::new(s.codecs.v, s.head_dim, s.seed).unwrap();
+    let (krows, vrows) = cache.read_rows(layer).unwrap();
+    let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
+    let q = rng.normals(s.batch as usize * qh * d, 1.5);
+    let out = attend_poisoned(cache, layer, &q);
+    let mut worst = 0.0f64;
+    for b in 0..s.batch as usize {
+        let len = cache.len(layer, b as u32).unwrap() as usize;
+        // Reference K/V: [len, kv_heads, d] from the GPU rows, decoded on the CPU in f64.
+        let mut k = Vec::with_capacity(len * kvh * d);
+        let mut v = Vec::with_capacity(len * kvh * d);
+        for t in 0..len {
+            for h in 0..kvh {
+                let r = (b * kvh + h) * s.capacity as usize + t;
+                k.extend(kref.decode(&krows[r * kw..(r + 1) * kw]));
+                v.extend(vref.decode(&vrows[r * vw..(r + 1) * vw]));
+            }
+        }
+        let qb: Vec<f64> = q[b * qh * d..(b + 1) * qh * d]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let want = reference::attention(&qb, &k, &v, qh, kvh, d, s.softmax_scale() as f64);
+        worst = worst.max(rel_err(&out[b * qh * d..(b + 1) * qh * d], &want));
+    }
+    worst
+}
+
+#[test]
+fn encode_matches_reference() {
+    for name in ["q8_sym", "q4_sym", "k=q4,v=q8"] {
+        for d in [64u32, 96, 128, 256] {
+            let codecs = KvCodecs::parse(name).unwrap();
+            let spec = CacheSpec::new(1, 4, 2, d, 80)
+                .with_codecs(codecs)
+                .with_splits(2);
+            let mut cache = KvCache::new(ctx(), spec.clone()).unwrap();
+            let mut rng = Rng(d as u64 + 1);
+            let n = 70; // the wide append path
+            let len = n * 2 * d as usize;
+            let k: Vec<f32> = (0..len)
+                .map(|i| rng.normal() * if i % 29 == 0 { 8.0 } else { 1.0 })
+                .collect();
+            let v = rng.normals(len, 1.0);
+            cache.append_host(0, &k, &v).unwrap();
+            cache
+                .append_host(0, &k[..2 * d as usize], &v[..2 * d as usize])
+                .unwrap(); // small path
+            let (krows, vrows) = cache.read_rows(0).unwrap();
+            let kref = CodecRef::new(codecs.k, d, spec.seed).unwrap();
+            let vref = CodecRef::new(codecs.v, d, spec.seed).unwrap();
+            let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
+            let (mut rows, mut differ) = (0, 0);
+            for t in 0..=n {
+                let src = if t < n { t } else { 0 };
+                for h in 0..2usize {
+                    let x = (src * 2 + h) * d as usize..(src * 2 + h + 1) * d as usize;
+                    let r = h * 80 + t;
+                    rows += 2;
+                    let want = kref.encode(&k[x.clone()]);
+                    if krows[r * kw..(r + 1) * kw] != want[..] && std::env::var("KVQ_DEBUG").is_ok()
+                    {
+                        let got = &krows[r * kw..(r + 1) * kw];
+                        for w in 0..kw {
+                            if got[w] != want[w] {
+                                eprintln!(
+                                    "{name} d={d} row {r} word {w}: gpu {:08x} ref {:08x}",
+                                    got[w], want[w]
+                                );
+                                let xs = &k[x.clone()];
+                                let blk = w / 8;
+                                let amax = xs[blk * 32..blk * 32 + 32]
+                                    .iter()
+                                    .fold(0f32, |m, v| m.max(v.abs()));
+                                let sc = kref.scales(&want)[blk];
+                                for j in 0..4 {
+                                    let xv = xs[(w % 8) * 4 + blk * 32 + j];
+                                    eprintln!(
+                                        "   x={xv} amax={amax} scale={sc} t={}",
+                                        xv as f64 / sc
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    differ += (krows[r * kw..(r + 1) * kw] != want[..]) as usize;
+                    differ += (vrows[r * vw..(r + 1) * vw] != vref.encode(&v[x])[..]) as usize;
+                }
+            }
+            // Ties at exact rounding boundaries may differ between f32 and f64 arithmetic.
+            assert!(
+                differ * 1000 <= rows,
+                "{name} d={d}: {differ} of {rows} rows differ from the reference encoder"
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_over_quantized_store_matches_reference() {
+    // Each codec pairing on two of the four shapes, rotating so every shape and GQA ratio meets
+    // several codecs (the whole cross product compiles too many pipelines for a CPU driver).
+    let shapes = [(64u32, 8u32), (96, 2), (128, 4), (256, 1)];
+    let names = [
+        "q8_sym",
+        "q4_sym",
+        "k_q8",
+        "k_q4",
+        "k=none,v=q4",
+        "k=q4,v=q8",
+    ];
+    for (i, name) in names.into_iter().enumerate() {
+        for &(d, g) in &[shapes[i % 4], shapes[(i + 1) % 4]] {
+            let codecs = KvCodecs::parse(name).unwrap();
+            let kvh = if g == 8 { 1 } else { 2 };
+            let spec = CacheSpec::new(2, kvh * g, kvh, d, 260)
+                .with_codecs(codecs)
+                .with_splits(3);
+            let mut cache = KvCache::new(ctx(), spec).unwrap();
+            let mut rng = Rng(d as u64 * 7 + g as u64);
+            let mut len = 0;
+            for target in [1usize, 33, 130, 259] {
+                append(&mut cache, &mut rng, 1, target - len);
+                len = target;
+                let e = check_attention(&cache, &mut rng, 1);
+                assert!(e <= TOL, "{name} d={d} g={g} len={len}: rel err {e:e}");
+            }
+        }
+    }
+}
+
+/// The fused step encodes the new rows inside the split kernel: same rows, same attention.
+#[test]
+fn fused_step_with_quantized_codecs() {
+    use kvq::InputType;
+    let dev = &ctx().device;
+    for name in ["q8_sym", "k=q4,v=none"] {
+        let codecs = KvCodecs::parse(name).unwrap();
+        let mut spec = CacheSpec::new(1, 8, 2, 128, 150)
+            .with_codecs(codecs)
+            .with_splits(3)
+            .with_batch(2);
+        spec.segment_tokens = Some(64);
+        let mut cache = KvCache::new(ctx(), spec).unwrap();
+        let mut rng = Rng(77);
+        append(&mut cache, &mut rng, 0, 60);
+        let per = 2 * 2 * 128;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let mk = |n: usize| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: n as u64 * 4,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let (kb, vb, qb, ob) = (mk(per), mk(per), mk(2 * 8 * 128), mk(2 * 8 * 128));
+        let io = cache
+            .step_io(&kb, &vb, 1, InputType::F32, &qb, &ob)
+            .unwrap();
+        for _ in 0..10 {
+            ctx()
+                .queue
+                .write_buffer(&kb, 0, bytemuck::cast_slice(&rng.normals(per, 1.0)));
+            ctx()
+                .queue
+                .write_buffer(&vb, 0, bytemuck::cast_slice(&rng.normals(per, 1.0)));
+            let mut enc = dev.create_command_encoder(&Default::default());
+            cache.step(&mut enc, 0, &io).unwrap();
+            ctx().queue.submit([enc.finish()]);
+            let e = check_attention(&cache, &mut rng, 0);
+            assert!(e <= TOL, "{name}: rel err {e:e}");
+        }
+        assert_eq!(cache.read_gpu_lengths().unwrap().0, vec![70, 70]);
+    }
+}

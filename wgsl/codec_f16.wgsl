@@ -1,0 +1,20 @@
+// Codec `none`: f16 rows, D halves two per u32. Linked once for K (@SIDE@ = k, @S@ = K) and once
+// for V (@SIDE@ = v, @S@ = V); @ACCESS@ is `read` for attend and `read_write` for append/step.
+// K rows are interleaved in 16-byte chunks (k_chunk); V rows are plain.
+
+@group(0) @binding(@BINDING@) var<storage, @ACCESS@> @SIDE@_store: array<vec@LANES@<u32>>;
+
+// Index of chunk w (@LANES@ words: 16 bytes for K, 8 for V) of row `row` of this side's store.
+fn @SIDE@_vec_index(row: u32, w: u32) -> u32 {
+    if @S@_INTERLEAVED {
+        return k_chunk(row, w);
+    }
+    return row * (D / (2u * @LANES@)) + w;
+}
+
+// @ENCODER@ (attend-only modules stop here)
+// Encode task `task` (of @S@_TASKS = D/2 per row): one word, values 2 task and 2 task + 1.
+// `src` is the pair index of the row's first value in the input.
+fn encode_@SIDE@(row: u32, src: u32, task: u32) {
+    @SIDE@_store[@SIDE@_vec_index(row, task / @LANES@)][task % @LANES@] = pack2x16float(in_pair_@SIDE@(src + task));
+}

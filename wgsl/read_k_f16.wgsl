@@ -1,0 +1,12 @@
+// Scores of an f16 K row against q_sh: KU 16-byte chunks are loaded before any math so they
+// are all in flight at once (D is a multiple of 32).
+fn k_scores(row: u32) {
+    let r = k_chunk(row, 0u);
+    for (var w = 0u; w < D / 8u; w += KU) {
+        let kr$u = k_store[r + (w + $u) * KB];
+        let ka$u = vec4<f32>(unpack2x16float(kr$u.x), unpack2x16float(kr$u.y));
+        let kb$u = vec4<f32>(unpack2x16float(kr$u.z), unpack2x16float(kr$u.w));
+        let qo$g = $g * (D / 4u) + 2u * w;
+        sc$g += dot(q_sh[qo$g + 2u * $u], ka$u) + dot(q_sh[qo$g + 2u * $u + 1u], kb$u);
+    }
+}

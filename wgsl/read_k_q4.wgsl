@@ -1,0 +1,19 @@
+// Scores of a q4 K row against q_sh: per 32-value block, the scale word and the 4 code words
+// are loaded together; each word holds 8 codes (two vec4 of the query).
+fn k_scores(row: u32) {
+    let base = (row - row % KB) * K_WORDS + row % KB;
+    for (var j = 0u; j < D / 32u; j++) {
+        let sw = unpack2x16float(k_store[base + (K_SIDE_WORD + j / 2u) * KB]);
+        let w0 = k_store[base + (4u * j) * KB];
+        let w1 = k_store[base + (4u * j + 1u) * KB];
+        let w2 = k_store[base + (4u * j + 2u) * KB];
+        let w3 = k_store[base + (4u * j + 3u) * KB];
+        let d = select(sw.x, sw.y, j % 2u == 1u);
+        let c0 = k_codes(w0);
+        let c1 = k_codes(w1);
+        let c2 = k_codes(w2);
+        let c3 = k_codes(w3);
+        let qb$g = $g * (D / 4u) + 8u * j;
+        sc$g += d * (dot(q_sh[qb$g], c0[0]) + dot(q_sh[qb$g + 1u], c0[1]) + dot(q_sh[qb$g + 2u], c1[0]) + dot(q_sh[qb$g + 3u], c1[1]) + dot(q_sh[qb$g + 4u], c2[0]) + dot(q_sh[qb$g + 5u], c2[1]) + dot(q_sh[qb$g + 6u], c3[0]) + dot(q_sh[qb$g + 7u], c3[1]));
+    }
+}

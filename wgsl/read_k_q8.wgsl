@@ -1,0 +1,14 @@
+// Scores of a q8 K row against q_sh: per 32-value block, the scale word and the 8 code words
+// are loaded together, then the integer codes are dotted with the query and scaled once.
+fn k_scores(row: u32) {
+    let base = (row - row % KB) * K_WORDS + row % KB;
+    for (var j = 0u; j < D / 32u; j++) {
+        let sw = unpack2x16float(k_store[base + (K_SIDE_WORD + j / 2u) * KB]);
+        let w$v = k_store[base + (8u * j + $v) * KB];
+        let d = select(sw.x, sw.y, j % 2u == 1u);
+        let c$v = vec4<f32>(unpack4xU8(w$v)) - 128.0;
+        var part$g = 0.0;
+        part$g += dot(q_sh[$g * (D / 4u) + 8u * j + $v], c$v);
+        sc$g += d * part$g;
+    }
+}
