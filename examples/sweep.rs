@@ -58,6 +58,21 @@ struct Args {
     csv: Option<String>,
 }
 
+/// Splits a `--codecs` list on commas, keeping `k=<codec>,v=<codec>` names whole.
+fn split_codecs(list: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        match out.last_mut() {
+            Some(prev) if part.starts_with("v=") && prev.starts_with("k=") => {
+                prev.push(',');
+                prev.push_str(part);
+            }
+            _ => out.push(part.to_string()),
+        }
+    }
+    out
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         model: None,
@@ -89,7 +104,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--model" => a.model = Some(val),
             "--ctx" => a.ctx = Some(val.split(',').map(num).collect::<Result<_, _>>()?),
-            "--codecs" => a.codecs = val.split(',').map(|s| s.trim().to_string()).collect(),
+            "--codecs" => a.codecs = split_codecs(&val),
             "--steps" => a.steps = Some(num(&val)? as usize),
             "--warmup" => a.warmup = num(&val)? as usize,
             "--splits" => a.splits = Some(num(&val)?),
