@@ -570,16 +570,9 @@ impl KvCache {
     ) -> Result<()> {
         self.reserve(layer, io.n)?;
         let [split, reduce] = &self.pipes.step[io.input as usize];
-        let segs = &self.layers[layer as usize];
-        pass.set_bind_group(1, &io.bind_group, &[]);
-        pass.set_pipeline(split);
-        for seg in segs {
-            pass.set_bind_group(0, &seg.step_bg, &[]);
-            pass.dispatch_workgroups(self.layout.splits, self.spec.kv_heads, self.spec.batch);
-        }
-        pass.set_pipeline(reduce);
-        pass.dispatch_workgroups(self.spec.q_heads, self.spec.batch, 1);
-        self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
+        self.record_attention(pass, layer, split, reduce, &io.bind_group, |seg| {
+            &seg.step_bg
+        });
         Ok(())
     }
 
@@ -643,17 +636,34 @@ impl KvCache {
         io: &AttendIo,
     ) -> Result<()> {
         self.check_layer(layer)?;
+        let p = &self.pipes;
+        self.record_attention(pass, layer, &p.split, &p.reduce, &io.bind_group, |seg| {
+            &seg.decode_bg
+        });
+        Ok(())
+    }
+
+    /// The split dispatch of every segment of `layer`, then the reduce: shared by attend and
+    /// the fused step, which differ in pipelines and bind groups only.
+    fn record_attention(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        split: &wgpu::ComputePipeline,
+        reduce: &wgpu::ComputePipeline,
+        io: &wgpu::BindGroup,
+        store: impl Fn(&Segment) -> &wgpu::BindGroup,
+    ) {
         let segs = &self.layers[layer as usize];
-        pass.set_bind_group(1, &io.bind_group, &[]);
-        pass.set_pipeline(&self.pipes.split);
+        pass.set_bind_group(1, io, &[]);
+        pass.set_pipeline(split);
         for seg in segs {
-            pass.set_bind_group(0, &seg.decode_bg, &[]);
+            pass.set_bind_group(0, store(seg), &[]);
             pass.dispatch_workgroups(self.layout.splits, self.spec.kv_heads, self.spec.batch);
         }
-        pass.set_pipeline(&self.pipes.reduce);
+        pass.set_pipeline(reduce);
         pass.dispatch_workgroups(self.spec.q_heads, self.spec.batch, 1);
         self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
-        Ok(())
     }
 
     /// Records an append into `encoder` (in a compute pass of its own).
