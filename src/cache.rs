@@ -802,6 +802,49 @@ impl KvCache {
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
+    /// Cuts sequence `seq` back to its first `len` tokens in every layer (speculative decoding
+    /// rejecting drafted tokens, say) and clears its overflow flags. Nothing is reallocated; the
+    /// rows past `len` are overwritten by later appends.
+    ///
+    /// The new lengths are written through the queue and submitted at once, so they land after
+    /// everything already submitted: submit any recorded work on this cache first.
+    pub fn truncate(&mut self, seq: u32, len: u32) -> Result<()> {
+        let s = &self.spec;
+        if seq >= s.batch {
+            return Err(KvqError::InvalidSpec(format!(
+                "sequence {seq} out of range (batch {})",
+                s.batch
+            )));
+        }
+        for layer in 0..s.layers {
+            let cur = self.host_lens[(layer * s.batch + seq) as usize];
+            if len > cur {
+                return Err(KvqError::InvalidSpec(format!(
+                    "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur}"
+                )));
+            }
+        }
+        let n = s.layers * s.batch;
+        for layer in 0..s.layers {
+            let i = layer * s.batch + seq;
+            self.ctx
+                .upload(&self.lens, 4 * i as u64, bytemuck::bytes_of(&len));
+            self.ctx
+                .upload(&self.lens, 4 * (n + i) as u64, bytemuck::bytes_of(&0u32));
+            self.host_lens[i as usize] = len;
+        }
+        let enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.ctx.counters().add_submit();
+        self.ctx.queue.submit([enc.finish()]);
+        Ok(())
+    }
+
+    /// Empties sequence `seq` in every layer so its slot can serve a new sequence (see
+    /// [`KvCache::truncate`]).
+    pub fn reset(&mut self, seq: u32) -> Result<()> {
+        self.truncate(seq, 0)
+    }
+
     /// Reads the lengths and overflow flags from the GPU (`[layers * batch]` each): for tests
     /// and diagnostics, not for the hot path.
     pub fn read_gpu_lengths(&self) -> Result<(Vec<u32>, Vec<u32>)> {

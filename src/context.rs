@@ -146,8 +146,11 @@ impl GpuContext {
         Self::from_adapter(&adapter).await
     }
 
-    /// Opens a device on a given adapter, asking for kvq's limits and optional features.
-    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
+    /// The features and limits to request on `adapter` for kvq: what kvq needs (a typed error
+    /// says what the adapter lacks), the adapter's full buffer sizes, and f16, subgroups and
+    /// timestamps where offered. An engine that creates its own device can request these (or
+    /// more) and hand the device to [`GpuContext::from_device`].
+    pub fn device_requirements(adapter: &wgpu::Adapter) -> Result<(wgpu::Features, wgpu::Limits)> {
         let info = adapter.get_info();
         let have = adapter.limits();
         let need = |what: &str, needed: u64, got: u64| -> Result<()> {
@@ -187,11 +190,16 @@ impl GpuContext {
         limits.max_buffer_size = have.max_buffer_size;
         limits.max_compute_workgroups_per_dimension = have.max_compute_workgroups_per_dimension;
         limits.max_bind_groups = have.max_bind_groups.min(4);
-
-        let offered = adapter.features();
         let wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let features = offered & wanted;
+        Ok((adapter.features() & wanted, limits))
+    }
+
+    /// Opens a device on a given adapter, asking for kvq's limits and optional features
+    /// ([`GpuContext::device_requirements`]).
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
+        let info = adapter.get_info();
+        let (features, limits) = Self::device_requirements(adapter)?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvq"),

@@ -281,3 +281,45 @@ fn fused_step_matches_reference() {
         assert!(overflow.iter().all(|&f| f == 0));
     }
 }
+
+/// Truncation (speculative decoding) and reset (slot reuse): later appends overwrite the cut
+/// rows and attention sees only what is kept; other sequences are untouched.
+#[test]
+fn truncate_and_reset_sequences() {
+    let spec = CacheSpec::new(2, 4, 2, 64, 120)
+        .with_batch(2)
+        .with_splits(2);
+    let mut c = Checked::new(spec, 55);
+    for layer in 0..2 {
+        c.append(layer, 70);
+    }
+    // Keep 40 tokens of sequence 1 in both layers.
+    c.cache.truncate(1, 40).unwrap();
+    for layer in 0..2 {
+        let kept = 40 * 2 * 64;
+        c.k[layer][1].truncate(kept);
+        c.v[layer][1].truncate(kept);
+    }
+    assert!(
+        c.cache.truncate(1, 41).is_err(),
+        "growing by truncation must be refused"
+    );
+    assert!(c.cache.truncate(2, 0).is_err(), "sequence out of range");
+    // Appends go to each sequence at its own length; the host helper appends to both.
+    for layer in 0..2 {
+        c.append(layer, 5);
+        let e = c.check(layer);
+        assert!(e <= TOL, "after truncate, layer {layer}: rel err {e:e}");
+    }
+    assert_eq!(c.cache.read_gpu_lengths().unwrap().0, vec![75, 45, 75, 45]);
+    // Reset sequence 0 and reuse its slot.
+    c.cache.reset(0).unwrap();
+    for layer in 0..2u32 {
+        c.k[layer as usize][0].clear();
+        c.v[layer as usize][0].clear();
+        c.append(layer, 3);
+        let e = c.check(layer);
+        assert!(e <= TOL, "after reset, layer {layer}: rel err {e:e}");
+    }
+    assert_eq!(c.cache.read_gpu_lengths().unwrap().0, vec![3, 48, 3, 48]);
+}
