@@ -129,6 +129,14 @@ pub struct KvCache {
     host_query: Mutex<Option<HostQuery>>,
 }
 
+/// A compute pass of kvq's own in the caller's encoder (for the encoder-level calls).
+fn own_pass<'e>(encoder: &'e mut wgpu::CommandEncoder, label: &str) -> wgpu::ComputePass<'e> {
+    encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(label),
+        timestamp_writes: None,
+    })
+}
+
 fn default_splits(ctx: &GpuContext, seg_tokens: u32) -> u32 {
     if ctx.is_cpu() {
         // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
@@ -583,11 +591,7 @@ impl KvCache {
         layer: u32,
         io: &StepIo,
     ) -> Result<()> {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("kvq step"),
-            timestamp_writes: None,
-        });
-        self.step_in_pass(&mut pass, layer, io)
+        self.step_in_pass(&mut own_pass(encoder, "kvq step"), layer, io)
     }
 
     /// Records an append of `input`'s tokens to `layer` into an open compute pass.
@@ -673,11 +677,7 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("kvq append"),
-            timestamp_writes: None,
-        });
-        self.append_in_pass(&mut pass, layer, input)
+        self.append_in_pass(&mut own_pass(encoder, "kvq append"), layer, input)
     }
 
     /// Records decode attention into `encoder` (in a compute pass of its own).
@@ -687,11 +687,7 @@ impl KvCache {
         layer: u32,
         io: &AttendIo,
     ) -> Result<()> {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("kvq attend"),
-            timestamp_writes: None,
-        });
-        self.attend_in_pass(&mut pass, layer, io)
+        self.attend_in_pass(&mut own_pass(encoder, "kvq attend"), layer, io)
     }
 
     /// Host convenience: uploads `k` and `v` (`[batch, n, kv_heads, head_dim]` f32) and appends

@@ -67,6 +67,21 @@ pub fn codebook(bits: u8) -> &'static Codebook {
     BOOKS[bits as usize].get_or_init(|| lloyd_max(bits))
 }
 
+/// The edges of bin `i` given the `n - 1` inner boundaries (outer bins are unbounded).
+fn bin_edges(boundaries: &[f64], i: usize) -> (f64, f64) {
+    let a = if i == 0 {
+        f64::NEG_INFINITY
+    } else {
+        boundaries[i - 1]
+    };
+    let b = if i == boundaries.len() {
+        f64::INFINITY
+    } else {
+        boundaries[i]
+    };
+    (a, b)
+}
+
 /// Runs Lloyd iteration for N(0, 1) with `2^bits` levels until the levels move by less than
 /// 1e-15 (or 200 000 iterations pass).
 pub fn lloyd_max(bits: u8) -> Codebook {
@@ -91,16 +106,7 @@ pub fn lloyd_max(bits: u8) -> Codebook {
         }
         let mut delta: f64 = 0.0;
         for (i, level) in levels.iter_mut().enumerate() {
-            let a = if i == 0 {
-                f64::NEG_INFINITY
-            } else {
-                boundaries[i - 1]
-            };
-            let b = if i == n - 1 {
-                f64::INFINITY
-            } else {
-                boundaries[i]
-            };
+            let (a, b) = bin_edges(&boundaries, i);
             let c = bin_first_moment(a, b) / bin_mass(a, b);
             delta = delta.max((c - *level).abs());
             *level = c;
@@ -121,16 +127,7 @@ pub fn lloyd_max(bits: u8) -> Codebook {
     boundaries[n / 2 - 1] = 0.0;
     let mut mse = 0.0;
     for (i, &c) in levels.iter().enumerate() {
-        let a = if i == 0 {
-            f64::NEG_INFINITY
-        } else {
-            boundaries[i - 1]
-        };
-        let b = if i == n - 1 {
-            f64::INFINITY
-        } else {
-            boundaries[i]
-        };
+        let (a, b) = bin_edges(&boundaries, i);
         mse += bin_second_moment(a, b) - 2.0 * c * bin_first_moment(a, b) + c * c * bin_mass(a, b);
     }
     Codebook {
