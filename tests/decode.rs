@@ -38,8 +38,15 @@ impl Checked {
         let k = self.rng.normals(s.batch as usize * n * per, 1.0);
         let v = self.rng.normals(s.batch as usize * n * per, 1.0);
         self.cache.append_host(layer, &k, &v).expect("append");
-        for b in 0..s.batch as usize {
-            let r = b * n * per..(b + 1) * n * per;
+        self.record(layer, &k, &v);
+    }
+
+    /// Keeps the host copy of appended tokens `[batch, n, kv_heads, d]`, rounded like f16.
+    fn record(&mut self, layer: u32, k: &[f32], v: &[f32]) {
+        let batch = self.cache.spec().batch as usize;
+        let per_seq = k.len() / batch;
+        for b in 0..batch {
+            let r = b * per_seq..(b + 1) * per_seq;
             self.k[layer as usize][b].extend(reference::round_f16(&k[r.clone()]));
             self.v[layer as usize][b].extend(reference::round_f16(&v[r]));
         }
@@ -48,26 +55,32 @@ impl Checked {
     /// Attends a random query on `layer` and returns the max relative error of every sequence.
     fn check(&mut self, layer: u32) -> f64 {
         let s = self.cache.spec().clone();
-        let (qh, d) = (s.q_heads as usize, s.head_dim as usize);
         // Queries scaled up a little so the softmax is not flat.
-        let q = self.rng.normals(s.batch as usize * qh * d, 2.0);
+        let q = self
+            .rng
+            .normals((s.batch * s.q_heads * s.head_dim) as usize, 2.0);
         let out = attend_poisoned(&self.cache, layer, &q);
+        self.compare(layer, &q, &out)
+    }
+
+    /// Max relative error over every sequence of the GPU output `out` for query `q` (both
+    /// `[batch, q_heads, d]`) against f64 attention over the host copy of `layer`.
+    fn compare(&self, layer: u32, q: &[f32], out: &[f32]) -> f64 {
+        let s = self.cache.spec();
+        let n = (s.q_heads * s.head_dim) as usize;
         let mut worst = 0.0f64;
         for b in 0..s.batch as usize {
-            let qb: Vec<f64> = q[b * qh * d..(b + 1) * qh * d]
-                .iter()
-                .map(|&x| x as f64)
-                .collect();
+            let qb: Vec<f64> = q[b * n..(b + 1) * n].iter().map(|&x| x as f64).collect();
             let want = reference::attention(
                 &qb,
                 &self.k[layer as usize][b],
                 &self.v[layer as usize][b],
-                qh,
+                s.q_heads as usize,
                 s.kv_heads as usize,
-                d,
+                s.head_dim as usize,
                 s.softmax_scale() as f64,
             );
-            let got = &out[b * qh * d..(b + 1) * qh * d];
+            let got = &out[b * n..(b + 1) * n];
             assert!(
                 got.iter().all(|x| x.is_finite()),
                 "non-finite output (poison survived?)"
@@ -247,31 +260,10 @@ fn fused_step_matches_reference() {
                 (0, 0, c.cache.layout().segments as u64 + 1)
             );
             queue.submit([enc.finish()]);
-            for b in 0..batch as usize {
-                let r = b * per / batch as usize..(b + 1) * per / batch as usize;
-                c.k[layer as usize][b].extend(reference::round_f16(&k[r.clone()]));
-                c.v[layer as usize][b].extend(reference::round_f16(&v[r]));
-            }
-            let raw = common::read_f32(&gpu, &ob, qn);
-            let s = c.cache.spec().clone();
-            let qh = (kvh * g) as usize;
-            for b in 0..batch as usize {
-                let qb64: Vec<f64> = q[b * qh * d as usize..(b + 1) * qh * d as usize]
-                    .iter()
-                    .map(|&x| x as f64)
-                    .collect();
-                let want = reference::attention(
-                    &qb64,
-                    &c.k[layer as usize][b],
-                    &c.v[layer as usize][b],
-                    qh,
-                    kvh as usize,
-                    d as usize,
-                    s.softmax_scale() as f64,
-                );
-                let e = rel_err(&raw[b * qh * d as usize..(b + 1) * qh * d as usize], &want);
-                assert!(e <= TOL, "d={d} g={g} batch {b} step {step}: rel err {e:e}");
-            }
+            c.record(layer, &k, &v);
+            let out = common::read_f32(&gpu, &ob, qn);
+            let e = c.compare(layer, &q, &out);
+            assert!(e <= TOL, "d={d} g={g} step {step}: rel err {e:e}");
         }
         let (lens, overflow) = c.cache.read_gpu_lengths().unwrap();
         assert_eq!(

@@ -13,16 +13,6 @@ fn @SIDE@_word(row: u32, w: u32) -> u32 {
     return row * @S@_WORDS + w;
 }
 
-// The 32 / @S@_BITS codes of word `w`, decoded to signed integers, as 1 (q8) or 2 (q4) vec4s.
-fn @SIDE@_codes(w: u32) -> array<vec4<f32>, 2> {
-    if @S@_BITS == 8u {
-        return array<vec4<f32>, 2>(vec4<f32>(unpack4xU8(w)) - 128.0, vec4<f32>(0.0));
-    }
-    let lo = (vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(0xfu));
-    let hi = (vec4<u32>(w >> 16u, w >> 20u, w >> 24u, w >> 28u) & vec4<u32>(0xfu));
-    return array<vec4<f32>, 2>(vec4<f32>(lo) - 8.0, vec4<f32>(hi) - 8.0);
-}
-
 // @ENCODER@ (attend-only modules stop here)
 
 // round_half_away(x / d) clamped to ±qmax, exactly as in f64: the quotient's rounding error

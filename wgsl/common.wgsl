@@ -40,13 +40,6 @@ fn len_index(layer: u32, b: u32) -> u32 {
     return layer * B + b;
 }
 
-fn unpack8(w: vec4<u32>) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(
-        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
-        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
-    );
-}
-
 // The f32 value of the f16 nearest to x (ties to even), for 0 <= x <= 65504. Done in integer
 // arithmetic: unpack2x16float(pack2x16float(x)) may be folded back to x by a driver's compiler.
 fn f16_round(x: f32) -> f32 {
