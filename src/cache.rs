@@ -16,6 +16,8 @@ use crate::spec::CacheSpec;
 const SMALL_APPEND_MAX_TOKENS: u32 = 64;
 /// Words each invocation of the wide append handles at least.
 const WIDE_ITEMS: u32 = 16;
+/// Rows of a rotated codec each wide-append workgroup encodes (several cooperative passes).
+const COOP_ROWS: u32 = 16;
 /// Invocations per decode workgroup.
 const DECODE_WG: u32 = 128;
 /// Fewest tokens per decode split before fewer splits are used.
@@ -154,7 +156,7 @@ impl KvCache {
         for c in [spec.codecs.k, spec.codecs.v] {
             if !crate::kernels::gpu_supported(c) {
                 return Err(KvqError::InvalidSpec(format!(
-                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels yet; the GPU serves none, q8 and q4",
+                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels: the QJL-only configurations (0-bit codes) are for quality studies",
                     c.name()
                 )));
             }
@@ -231,17 +233,23 @@ impl KvCache {
 
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let n_lens = (spec.layers * spec.batch) as usize;
-        // Lengths then overflow flags, all zero: an empty cache.
-        let lens = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kvq lengths"),
-            size: (2 * n_lens * 4) as u64,
+        // Lengths then overflow flags, all zero (an empty cache), then the codec constants
+        // (rotations, codebooks, QJL matrix) the kernels read.
+        let mut state = vec![0u32; 2 * n_lens];
+        state.extend(cfg.constants(spec.seed).iter().map(|c| c.to_bits()));
+        ctx.counters().add_upload(state.len() as u64 * 4);
+        let lens = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("kvq lengths and codec constants"),
+            contents: bytemuck::cast_slice(&state),
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
         });
         let splits_total = cfg.splits_total() as u64;
-        let part_floats = spec.batch as u64 * spec.q_heads as u64 * splits_total * (d as u64 + 4);
+        let part_floats = spec.batch as u64
+            * spec.q_heads as u64
+            * splits_total
+            * (4 * cfg.v_columns() as u64 + 4);
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvq decode partials"),
             size: part_floats * 4,
@@ -491,15 +499,24 @@ impl KvCache {
         let s = &self.spec;
         let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
             + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
-        let words = n as u64 * s.kv_heads as u64 * row_tasks as u64;
+        let tasks = n as u64 * s.kv_heads as u64 * row_tasks as u64;
         let max_groups = self
             .ctx
             .device
             .limits()
             .max_compute_workgroups_per_dimension as u64;
-        let items = (WIDE_ITEMS as u64).max(words.div_ceil(256 * max_groups)) as u32;
-        let wide_groups = words.div_ceil(256 * items as u64) as u32;
-        let params = self.uniform("kvq append params", [n, items, 0, 0]);
+        let items = (WIDE_ITEMS as u64).max(tasks.div_ceil(256 * max_groups)) as u32;
+        // Rows a wide workgroup encodes cooperatively (rotated codecs): a few passes each.
+        let rows = n as u64 * s.kv_heads as u64;
+        let coop_rows = (COOP_ROWS as u64).max(rows.div_ceil(max_groups)) as u32;
+        let cooperative = s.codecs.k.kind.is_rotated() || s.codecs.v.kind.is_rotated();
+        let coop_groups = if cooperative {
+            rows.div_ceil(coop_rows as u64)
+        } else {
+            0
+        };
+        let wide_groups = tasks.div_ceil(256 * items as u64).max(coop_groups) as u32;
+        let params = self.uniform("kvq append params", [n, items, coop_rows, 0]);
         let bind_group = self.bind(
             "kvq append input",
             &self.pipes.append_input,
