@@ -191,8 +191,12 @@ impl KvCache {
         let mut splits = spec
             .splits
             .unwrap_or_else(|| default_splits(ctx, seg_tokens));
-        splits = splits.min(MAX_SPLITS_TOTAL / segments).max(1);
-        if segments > MAX_SPLITS_TOTAL {
+        // Each segment also has one split for the tokens a fused step appends.
+        splits = (MAX_SPLITS_TOTAL / segments)
+            .saturating_sub(1)
+            .min(splits)
+            .max(1);
+        if 2 * segments > MAX_SPLITS_TOTAL {
             return Err(KvqError::InvalidSpec(format!(
                 "capacity {} needs {segments} storage segments on this adapter; at most {MAX_SPLITS_TOTAL} are supported",
                 spec.capacity
@@ -249,7 +253,7 @@ impl KvCache {
         let part_floats = spec.batch as u64
             * spec.q_heads as u64
             * splits_total
-            * (4 * cfg.v_columns() as u64 + 4);
+            * (cfg.partial_width() as u64 + 4);
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvq decode partials"),
             size: part_floats * 4,
@@ -284,7 +288,7 @@ impl KvCache {
                     seg_start: start,
                     seg_tokens: tokens,
                     is_last: (s + 1 == segments) as u32,
-                    split_base: s * splits,
+                    split_base: s * (splits + 1),
                     _pad: [0; 3],
                 };
                 // Written once at creation, not per step.
@@ -680,7 +684,11 @@ impl KvCache {
         pass.set_pipeline(split);
         for seg in segs {
             pass.set_bind_group(0, store(seg), &[]);
-            pass.dispatch_workgroups(self.layout.splits, self.spec.kv_heads, self.spec.batch);
+            pass.dispatch_workgroups(
+                self.spec.kv_heads * self.spec.batch,
+                self.layout.splits + 1,
+                1,
+            );
         }
         pass.set_pipeline(reduce);
         pass.dispatch_workgroups(self.spec.q_heads, self.spec.batch, 1);

@@ -78,9 +78,10 @@ pub struct KernelConfig {
 }
 
 impl KernelConfig {
-    /// Decode splits over all segments (the partials per query head).
+    /// Decode splits over all segments (the partials per query head): per segment, `splits`
+    /// over the stored tokens and one for the tokens a fused step appends.
     pub fn splits_total(&self) -> u32 {
-        self.splits * self.segments
+        (self.splits + 1) * self.segments
     }
 
     fn header(&self) -> String {
@@ -99,6 +100,7 @@ impl KernelConfig {
         h += &c("WG", self.workgroup);
         h += &c("KU", k_unroll(self.head_dim));
         h += &c("VU", V_UNROLL);
+        h += &c("VB", self.v_batch());
         h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
         let cst = self.constant_offsets();
         for (side, codec, off) in [("K", self.k, cst.k), ("V", self.v, cst.v)] {
@@ -135,7 +137,13 @@ impl KernelConfig {
         }
         h += &c("QJL_S", cst.qjl);
         h += &c("CST", 2 * self.layers * self.batch);
+        h += &c("VW", self.v_width());
         h += &c("VC", self.v_columns());
+        h += &c("PV4", self.partial_width() / 4);
+        h += &format!(
+            "const V_VSCALE: bool = {};\n",
+            self.v.kind.is_rotated() && self.v.scale == ScaleMode::PerVector
+        );
         h += &c(
             "QSH",
             if self.k.kind.is_rotated() {
@@ -149,7 +157,7 @@ impl KernelConfig {
             if self.k.qjl {
                 self.gqa * self.head_dim
             } else {
-                1
+                4
             },
         );
         h += &c("RW", self.rot_width());
@@ -238,7 +246,7 @@ impl KernelConfig {
             self.side_source(Side::V, "read", true),
             self.readers()
         );
-        expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
+        self.expand(&src)
     }
 
     /// Source of the fused decode-step kernels (`split` appends the new rows it covers,
@@ -253,7 +261,7 @@ impl KernelConfig {
             self.readers(),
             DECODE.replace("var<storage, read> lens", "var<storage, read_write> lens")
         );
-        expand(&src, self.gqa, k_unroll(self.head_dim), V_UNROLL)
+        self.expand(&src)
     }
 
     /// Every kernel source with a short name, as compiled for this configuration.
@@ -276,12 +284,13 @@ impl KernelConfig {
         } else {
             g * d / 4
         };
-        let sqn = if self.k.qjl { g * d } else { 1 };
+        let sqn = if self.k.qjl { g * d } else { 4 };
         let (er, rw) = (self.encode_rows(), self.rot_width());
         let floats = 4 * qsh // q_sh
             + sqn
             + 2 * g * wg // s_sh, p_sh
-            + 4 * g * self.v_columns() // comb
+            + self.partial_width() * g // comb
+            + wg // vs_sh
             + g + 1 // lcomb, len_sh
             + 32 // level tables
             + g.max(er) * rw // rot_sh
@@ -289,14 +298,43 @@ impl KernelConfig {
         4 * floats
     }
 
-    /// Value columns (4 values each) of the V accumulators and partials: `D / 4`, or a rotated
-    /// V codec's `ceil(n_codes / 4)` (its output is un-rotated in the reduce).
+    /// V values each decode thread accumulates per row: 8 for a rotated V codec (its 8 codes
+    /// come from one or two words), else 4.
+    pub fn v_width(&self) -> u32 {
+        if self.v.kind.is_rotated() { 8 } else { 4 }
+    }
+
+    /// Value columns ([`KernelConfig::v_width`] values each) of the V accumulators: over
+    /// `D`, or over a rotated V codec's `n_codes` (its output is un-rotated in the reduce).
     pub fn v_columns(&self) -> u32 {
         if self.v.kind.is_rotated() {
-            n_codes(self.v, self.head_dim).div_ceil(4)
+            n_codes(self.v, self.head_dim).div_ceil(self.v_width())
         } else {
             self.head_dim / 4
         }
+    }
+
+    /// V rows a decode thread loads together (`$w` lines): 32 values in flight per thread.
+    fn v_batch(&self) -> u32 {
+        32 / self.v_width()
+    }
+
+    fn expand(&self, src: &str) -> String {
+        expand(
+            src,
+            &[
+                ("$g", self.gqa),
+                ("$u", k_unroll(self.head_dim)),
+                ("$v", V_UNROLL),
+                ("$k", CODE_GROUPS),
+                ("$w", self.v_batch()),
+            ],
+        )
+    }
+
+    /// Floats of one partial output vector (per split and query head).
+    pub fn partial_width(&self) -> u32 {
+        self.v_columns() * self.v_width()
     }
 
     /// Row width of the rotation scratch: the largest rotated side's `n_codes`, padded to a
@@ -379,8 +417,15 @@ impl KernelConfig {
             out[o.bounds as usize..][..bd.len()].copy_from_slice(&bd);
         }
         if self.k.qjl {
+            // Stored transposed (S^T, row k = column k of S): invocations computing
+            // neighbouring (S x)_j then read neighbouring words.
             let s = rotation::qjl_matrix(seed, d, d);
-            out[off.qjl as usize..][..s.len()].copy_from_slice(&s);
+            let st = &mut out[off.qjl as usize..][..s.len()];
+            for j in 0..d {
+                for k in 0..d {
+                    st[k * d + j] = s[j * d + k];
+                }
+            }
         }
         out
     }
@@ -452,17 +497,13 @@ const CODE_GROUPS: u32 = 8;
 
 /// Unrolls the WGSL: every line holding `$g` is repeated once per query head of the GQA group
 /// (`$g` -> 0, 1, ...), and likewise `$u` per K chunk of a load batch, `$v` per V row of a
-/// load batch and `$k` per group of 4 codes in a 32-code block. Per-head state then lives in named registers rather than in a private array
+/// load batch (and `$w` per V row of the attention loop's batch), and `$k` per group of 4
+/// codes in a 32-code block. Per-head state then lives in named registers rather than in a private array
 /// indexed at run time (which most GPU compilers spill to memory), and load batches are
 /// explicit so many loads are in flight before their math.
-pub(crate) fn expand(src: &str, gqa: u32, k_unroll: u32, v_unroll: u32) -> String {
+pub(crate) fn expand(src: &str, tokens: &[(&str, u32)]) -> String {
     let mut lines: Vec<String> = src.lines().map(str::to_string).collect();
-    for (token, n) in [
-        ("$g", gqa),
-        ("$u", k_unroll),
-        ("$v", v_unroll),
-        ("$k", CODE_GROUPS),
-    ] {
+    for &(token, n) in tokens {
         lines = lines
             .into_iter()
             .flat_map(|l| {

@@ -114,6 +114,13 @@ impl CacheSpec {
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
         }
+        if self.batch as u64 * self.kv_heads as u64 > 65535 {
+            // One decode workgroup row per (sequence, kv head): WebGPU's dispatch limit.
+            return bad(format!(
+                "batch x kv_heads ({} x {}) must be at most 65535",
+                self.batch, self.kv_heads
+            ));
+        }
         if let Some(s) = self.scale
             && !(s.is_finite() && s > 0.0)
         {

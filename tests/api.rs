@@ -38,11 +38,11 @@ fn bad_specs_are_typed_errors() {
             Err(KvqError::UnsupportedHeadDim { .. })
         ));
     }
-    // Codecs with a CPU reference but no GPU kernels yet are refused with a typed error.
+    // The QJL-only quality configuration has a CPU reference but no GPU kernels: a typed error.
     let quantized =
-        CacheSpec::new(1, 4, 4, 64, 16).with_codecs(KvCodecs::parse("turbo3_sym").unwrap());
+        CacheSpec::new(1, 4, 4, 64, 16).with_codecs(KvCodecs::parse("k_turbo0+qjl").unwrap());
     assert!(
-        matches!(KvCache::new(ctx(), quantized), Err(KvqError::InvalidSpec(m)) if m.contains("turbo3"))
+        matches!(KvCache::new(ctx(), quantized), Err(KvqError::InvalidSpec(m)) if m.contains("turbo0+qjl"))
     );
     let e = KvCodecs::parse("k_nonsense9").unwrap_err();
     assert!(

@@ -35,7 +35,7 @@ fn @SIDE@_quantize(y: f32, s: f32) -> u32 {
     }
     var code = 0u;
     for (var j = 0u; j + 1u < (1u << @S@_BITS); j++) {
-        code += u32(cst(@S@_BD + j) <= t);
+        code += u32(enc_bd[j] <= t);
     }
     return code;
 }
@@ -53,15 +53,28 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
         rs_set(i, x);
         enc_x[i] = x;
     }
+    if lid < 15u {
+        enc_bd[lid] = cst(@S@_BD + lid);
+    }
     workgroupBarrier();
+    // Sums of squares in 8 parts per row, beside the rotation (which leaves enc_x alone).
+    for (var i = lid; i < nr * 8u; i += nt) {
+        let k0 = (i / 8u) * RW + (i % 8u) * (D / 8u);
+        var ss = 0.0;
+        for (var k = 0u; k < D / 8u; k++) {
+            ss += enc_x[k0 + k] * enc_x[k0 + k];
+        }
+        enc_np[i] = ss;
+    }
+    rotate_rows(@S@_KIND, @S@_ROT, nr, lid, nt, false);
     for (var r = lid; r < nr; r += nt) {
         var ss = 0.0;
-        for (var k = 0u; k < D; k++) {
-            ss += enc_x[r * RW + k] * enc_x[r * RW + k];
+        for (var q = 0u; q < 8u; q++) {
+            ss += enc_np[8u * r + q];
         }
         enc_n[r] = sqrt(ss);
     }
-    rotate_rows(@S@_KIND, @S@_ROT, nr, lid, nt, false);
+    workgroupBarrier();
 
     // Scales, rounded to the stored f16 values: codes are chosen against those.
     for (var i = lid; i < nr * @S@_NSIDE; i += nt) {
@@ -104,8 +117,11 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
             let r = i / D;
             let j = i % D;
             var acc = 0.0;
-            for (var k = 0u; k < D; k++) {
-                acc += cst(QJL_S + j * D + k) * enc_x[r * RW + k];
+            // 8 loads of S in flight at a time (a lone load per step would wait on each).
+            for (var k = 0u; k < D; k += 8u) {
+                for (var u = 0u; u < 8u; u++) {
+                    acc += cst(QJL_S + (k + u) * D + j) * enc_x[r * RW + k + u];
+                }
             }
             rs_set(r * RW + j, select(0.0, 1.0, acc >= 0.0));
         }

@@ -19,19 +19,23 @@
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
 
-// V columns: each thread owns 4 consecutive values of a row (VC of them: D/4, or a rotated
-// V codec's n_codes/4 rounded up: its output stays rotated until the reduce); J token lanes
-// share a tile.
+// V columns: each thread owns VW consecutive values of a row (4, or 8 for a rotated V codec,
+// whose 8 codes of a thread fit in one or two words). VC columns span D, or a rotated V
+// codec's n_codes (its output stays rotated until the reduce); J token lanes share a tile.
+// A partial holds PV4 = VC * VW / 4 vec4s per query head.
 const J: u32 = WG / VC;
-const PART_ML: u32 = B * QH * SPLITS_TOTAL * VC;
+const PART_ML: u32 = B * QH * SPLITS_TOTAL * PV4;
 
 // The scaled query of each head of the group (a rotated K codec reads it from rot_sh).
 var<workgroup> q_sh: array<vec4<f32>, QSH>;
 // S q per head for the QJL residual term (QJL only).
-var<workgroup> sq_sh: array<f32, SQN>;
+var<workgroup> sq_sh: array<vec4<f32>, SQN / 4u>;
 var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
 var<workgroup> p_sh: array<f32, G * WG>;
-var<workgroup> comb: array<vec4<f32>, G * VC>;
+var<workgroup> comb: array<vec4<f32>, G * PV4>;
+// The V row scale of each token of the tile (rotated V with one scale per row): applied
+// once per token to the softmax weight instead of to every value.
+var<workgroup> vs_sh: array<f32, WG>;
 var<workgroup> lcomb: array<f32, G>;
 var<workgroup> len_sh: u32;
 
@@ -39,6 +43,9 @@ var<workgroup> len_sh: u32;
 // head g of the group by kvq's preprocessor (src/kernels.rs), so nothing is indexed
 // dynamically (a dynamically indexed private array would spill to memory on most GPUs).
 var<private> sc$g: f32;
+
+// A turbo K without QJL scales the query by turbo's diagonal as it loads it.
+const TURBO_Q: bool = K_KIND == 2u && !K_QJL;
 
 // The scaled query of the group's heads into rot_sh rows 0..G, the QJL projection S q of
 // each (from the unrotated query), then the K codec's rotation, in place.
@@ -48,38 +55,52 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
         var x = 0.0;
         if k < D {
             x = q_in[(b * QH + h * G + i / RW) * D + k] * SCALE;
+            if TURBO_Q {
+                // turbo's diagonal, applied as the query is loaded
+                x *= cst(K_ROT + k) * inverseSqrt(f32(hblock_len(k)));
+            }
         }
         rs_set(i, x);
     }
     workgroupBarrier();
     if K_QJL {
-        for (var i = lid; i < G * D; i += WG) {
-            let j = i % D;
-            let row = (i / D) * RW;
-            var acc = 0.0;
-            for (var k = 0u; k < D; k++) {
-                acc += cst(QJL_S + j * D + k) * rs_get(row + k);
+        // One pass over S (stored transposed: neighbouring j, neighbouring words) serves
+        // every head of the group.
+        for (var j = lid; j < D; j += WG) {
+            var acc$g = 0.0;
+            // VU loads of S in flight at a time (a lone load per step would wait on each).
+            for (var k = 0u; k < D; k += VU) {
+                let s$v = cst(QJL_S + (k + $vu) * D + j);
+                acc$g += s$v * rs_get($g * RW + k + $vu);
             }
-            sq_sh[i] = acc;
+            sq_sh[($g * D + j) / 4u][j % 4u] = acc$g;
         }
         workgroupBarrier();
     }
-    rotate_rows(K_KIND, K_ROT, G, lid, WG, false);
+    if TURBO_Q {
+        fwht(G, lid, WG);
+    } else {
+        rotate_rows(K_KIND, K_ROT, G, lid, WG, false);
+    }
 }
 
-fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, m: f32, l: f32) {
-    part[(pi + g * SPLITS_TOTAL) * VC + c] = acc;
+fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, acc2: vec4<f32>, m: f32, l: f32) {
+    part[(pi + g * SPLITS_TOTAL) * PV4 + c * (VW / 4u)] = acc;
+    if VW == 8u {
+        part[(pi + g * SPLITS_TOTAL) * PV4 + c * 2u + 1u] = acc2;
+    }
     if c == 0u {
         part[PART_ML + pi + g * SPLITS_TOTAL] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }
 
-// Dispatch (NSPLIT, KVH, B) per segment.
+// Dispatch (KVH * B, NSPLIT + 1, 1) per segment: the workgroups of split 0 (the new tokens of
+// a fused step, which have rows to encode) come first in dispatch order, so they start first.
 @compute @workgroup_size(WG)
 fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let s = wid.x;
-    let h = wid.y;
-    let b = wid.z;
+    let s = wid.y;
+    let h = wid.x % KVH;
+    let b = wid.x / KVH;
     // The query, the level tables and the length are fetched together; the barrier of
     // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
     // rot_sh, once the new rows, whose encoding uses rot_sh, are written.)
@@ -95,17 +116,20 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         len_sh = lens[len_index(seg.layer, b)];
     }
     let len = workgroupUniformLoad(&len_sh);
-    // A fused step (wgsl/step.wgsl) also attends the tokens it appends; plain attend: 0.
+    // Splits 1..=NSPLIT share the stored positions of this segment; split 0 takes the
+    // tokens a fused step appends (wgsl/step.wgsl; none for a plain attend): it encodes their
+    // rows and attends them, so encoding runs beside the other splits, not before them.
+    let seg_end = seg.seg_start + seg.seg_tokens;
     let total = len + step_tokens(len);
-    var valid = 0u;
-    if total > seg.seg_start {
-        valid = min(total - seg.seg_start, seg.seg_tokens);
-    }
-    let chunk = max((valid + NSPLIT - 1u) / NSPLIT, MIN_CHUNK);
-    let start = min(s * chunk, valid);
-    let end = min(start + chunk, valid);
-    if total > len {
-        // The new rows inside this split are written by this workgroup, which alone reads them.
+    let stored = clamp(len, seg.seg_start, seg_end) - seg.seg_start;
+    var start = stored;
+    var end = clamp(total, seg.seg_start, seg_end) - seg.seg_start;
+    if s > 0u {
+        let chunk = max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK);
+        start = min((s - 1u) * chunk, stored);
+        end = min(start + chunk, stored);
+    } else if end > start {
+        // This workgroup alone writes and reads the new rows.
         write_new_rows(lid, b, h, len, start + seg.seg_start, end + seg.seg_start);
         storageBarrier();
     }
@@ -118,6 +142,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     var m$g = NEG;
     var l$g = 0.0;
     var acc$g = vec4<f32>(0.0);
+    var acc2$g = vec4<f32>(0.0);
     let row0 = seg_row(b, h, seg.seg_start, seg);
 
     for (var t0 = start; t0 < end; t0 += WG) {
@@ -139,25 +164,36 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         let alpha$g = exp(m$g - mn$g);
         m$g = mn$g;
         p_sh[$g * WG + lid] = select(0.0, exp(sc$g - mn$g), lid < tn);
+        if V_VSCALE {
+            vs_sh[lid] = select(0.0, v_row_scale(row0 + t0 + lid), lid < tn);
+        }
         workgroupBarrier();
-        // Values: thread (c, j) accumulates columns 4c..4c+3 over tokens j, j+J, ...
+        // Values: thread (c, j) accumulates columns VW c .. VW c + VW - 1 over tokens j, j+J, ...
         if j < J {
             acc$g *= alpha$g;
+            acc2$g *= alpha$g;
             l$g *= alpha$g;
-            // VU independent loads in flight per batch: a lone load per token would leave the
-            // loop waiting on memory latency once per token.
+            // VB independent row loads in flight per batch (32 values per thread): a lone load per
+            // token would leave the loop waiting on memory latency once per token.
             var i = j;
-            for (; i + (VU - 1u) * J < tn; i += VU * J) {
+            for (; i + (VB - 1u) * J < tn; i += VB * J) {
                 let r = row0 + t0 + i;
-                let v$v = v_load(r + $v * J, c);
-                let p$g$v = p_sh[$g * WG + i + $v * J];
-                acc$g += p$g$v * v$v;
-                l$g += p$g$v;
+                let v$w = v_load(r + $w * J, c);
+                var vs$w = 1.0;
+                if V_VSCALE { vs$w = vs_sh[i + $w * J]; }
+                let p$g$w = p_sh[$g * WG + i + $w * J];
+                acc$g += (p$g$w * vs$w) * v$w[0];
+                if VW == 8u { acc2$g += (p$g$w * vs$w) * v$w[1]; }
+                l$g += p$g$w;
             }
             for (; i < tn; i += J) {
                 let v = v_load(row0 + t0 + i, c);
-                acc$g += p_sh[$g * WG + i] * v;
-                l$g += p_sh[$g * WG + i];
+                var vs = 1.0;
+                if V_VSCALE { vs = vs_sh[i]; }
+                let p$g = p_sh[$g * WG + i];
+                acc$g += (p$g * vs) * v[0];
+                if VW == 8u { acc2$g += (p$g * vs) * v[1]; }
+                l$g += p$g;
             }
         }
     }
@@ -165,27 +201,29 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // Merge the J token lanes into lane 0 (all lanes share m).
     for (var r = 1u; r < J; r++) {
         if j == r {
-            comb[$g * VC + c] = acc$g;
+            comb[($g * VC + c) * (VW / 4u)] = acc$g;
+            if VW == 8u { comb[($g * VC + c) * 2u + 1u] = acc2$g; }
             if c == 0u {
                 lcomb[$g] = l$g;
             }
         }
         workgroupBarrier();
         if j == 0u {
-            acc$g += comb[$g * VC + c];
+            acc$g += comb[($g * VC + c) * (VW / 4u)];
+            if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
             l$g += lcomb[$g];
         }
         workgroupBarrier();
     }
     if j == 0u {
         let pi = (b * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
-        write_partial($gu, pi, c, acc$g, m$g, l$g);
+        write_partial($gu, pi, c, acc$g, acc2$g, m$g, l$g);
     }
 }
 
 const RED_WG: u32 = 128u;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
-const RC: u32 = VC;
+const RC: u32 = PV4;
 const RL: u32 = RED_WG / RC;
 var<workgroup> lane_ml: array<vec2<f32>, RL>;
 var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
@@ -208,7 +246,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             // Past the last split the index is clamped and the weight forced to zero.
             let s$v = min(s + $v * RL, SPLITS_TOTAL - 1u);
             let ml$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + s$v], s + $v * RL < SPLITS_TOTAL);
-            let a$v = select(vec4<f32>(0.0), part[(base + s$v) * VC + c], s + $v * RL < SPLITS_TOTAL);
+            let a$v = select(vec4<f32>(0.0), part[(base + s$v) * PV4 + c], s + $v * RL < SPLITS_TOTAL);
             // Expanded lines run one after another: take the batch max, rescale once, then add.
             var mb = m;
             mb = max(mb, ml$v.x);

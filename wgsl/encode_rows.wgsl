@@ -13,6 +13,9 @@ var<workgroup> enc_x: array<f32, ER * RW>;
 var<workgroup> enc_code: array<u32, ER * RW>;
 var<workgroup> enc_s: array<f32, ER * SIDE_MAX>;
 var<workgroup> enc_n: array<f32, ER>;
+// Partial sums of squares of each row (8 per row), and the side's Lloyd–Max boundaries.
+var<workgroup> enc_np: array<f32, ER * 8u>;
+var<workgroup> enc_bd: array<f32, 16>;
 var<workgroup> enc_rn: array<f32, ER>;
 
 // Encodes the nr listed rows of both sides (every invocation calls it; barriers inside).

@@ -60,8 +60,7 @@ fn k_scores(row: u32) {
         for (var j = 0u; j < D / 32u; j++) {
             let w = k_store[base + (K_QJL_WORD + j) * KB];
             let sgn$k = vec4<f32>((vec4<u32>(w >> (4u * $ku)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) * 2.0 - 1.0;
-            let o$g = $g * D + 32u * j;
-            t$g += dot(vec4<f32>(sq_sh[o$g + 4u * $k], sq_sh[o$g + 4u * $k + 1u], sq_sh[o$g + 4u * $k + 2u], sq_sh[o$g + 4u * $k + 3u]), sgn$k);
+            t$g += dot(sq_sh[$g * (D / 4u) + 8u * j + $k], sgn$k);
         }
         sc$g += coef * t$g;
     }

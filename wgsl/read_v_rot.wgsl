@@ -1,15 +1,32 @@
-// Values 4c..4c+3 of a rotated-codec V row, in the codec's rotated domain (the reduce
-// un-rotates the output once): 4 codes cut from one word (or two, when they straddle),
-// looked up in the level table and scaled.
-fn v_load(row: u32, c: u32) -> vec4<f32> {
+// Values 8c..8c+7 of a rotated-codec V row (VW = 8), in the codec's rotated domain (the
+// reduce un-rotates the output once): 8 codes cut from one word (two for 3-bit codes, whose
+// 24 bits may straddle), looked up in the level table. One scale per row is applied by the
+// caller to the softmax weight (v_row_scale); per-block scales are applied here.
+fn v_load(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let r = row * V_WORDS;
-    let bit = 4u * V_BITS * c;
-    var f = v_store[r + bit / 32u] >> (bit % 32u);
-    if bit % 32u + 4u * V_BITS > 32u {
-        f |= v_store[r + bit / 32u + 1u] << (32u - bit % 32u);
+    let bit = 8u * V_BITS * c;
+    let sh = bit % 32u;
+    var f = v_store[r + bit / 32u] >> sh;
+    if V_BITS == 3u {
+        // Always loaded (no divergent branch); unused unless the field straddles.
+        let hi = v_store[r + bit / 32u + 1u];
+        f |= select(0u, hi << (32u - sh), sh > 8u);
     }
-    let codes = (vec4<u32>(f) >> vec4<u32>(0u, V_BITS, 2u * V_BITS, 3u * V_BITS)) & vec4<u32>((1u << V_BITS) - 1u);
-    let lv = vec4<f32>(lv_v[codes.x], lv_v[codes.y], lv_v[codes.z], lv_v[codes.w]);
-    let sbit = V_SIDE_BIT + select(0u, 16u * (c / 8u), V_BLOCK32);
-    return unpack2x16float(v_store[r + sbit / 32u])[(sbit / 16u) % 2u] * lv;
+    let mask = vec4<u32>((1u << V_BITS) - 1u);
+    let lo = (vec4<u32>(f) >> vec4<u32>(0u, V_BITS, 2u * V_BITS, 3u * V_BITS)) & mask;
+    let hi = (vec4<u32>(f) >> vec4<u32>(4u * V_BITS, 5u * V_BITS, 6u * V_BITS, 7u * V_BITS)) & mask;
+    var a = vec4<f32>(lv_v[lo.x], lv_v[lo.y], lv_v[lo.z], lv_v[lo.w]);
+    var b = vec4<f32>(lv_v[hi.x], lv_v[hi.y], lv_v[hi.z], lv_v[hi.w]);
+    if V_BLOCK32 {
+        let sbit = V_SIDE_BIT + 16u * (c / 4u);
+        let s = unpack2x16float(v_store[r + sbit / 32u])[(sbit / 16u) % 2u];
+        a *= s;
+        b *= s;
+    }
+    return array<vec4<f32>, 2>(a, b);
+}
+
+// The row's scale (one per row).
+fn v_row_scale(row: u32) -> f32 {
+    return unpack2x16float(v_store[row * V_WORDS + V_SIDE_BIT / 32u])[(V_SIDE_BIT / 16u) % 2u];
 }

@@ -37,19 +37,19 @@ fn hblock_len(i: u32) -> u32 {
     return 32u;
 }
 
-// Turbo: y = H (signs * x) per Hadamard block (orthonormal), or its inverse
-// x = signs * (H y). `rot` is the offset of the D signs.
-fn turbo_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
-    if !inverse {
-        for (var i = lid; i < rows * D; i += nt) {
-            let k = i % D;
-            let at = (i / D) * RW + k;
-            rs_set(at, rs_get(at) * cst(rot + k) * inverseSqrt(f32(hblock_len(k))));
-        }
-        workgroupBarrier();
+// Turbo's diagonal: x_k *= sign_k / sqrt(len of k's Hadamard block) (`rot`: the D signs).
+fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
+    for (var i = lid; i < rows * D; i += nt) {
+        let k = i % D;
+        let at = (i / D) * RW + k;
+        rs_set(at, rs_get(at) * cst(rot + k) * inverseSqrt(f32(hblock_len(k))));
     }
-    // In-place butterflies, one stage per barrier; a pair is skipped when its block is no
-    // longer than the stage's stride.
+    workgroupBarrier();
+}
+
+// In-place unnormalised Walsh–Hadamard butterflies on every Hadamard block of `rows` rows,
+// one stage per barrier; a pair is skipped when its block is no longer than the stride.
+fn fwht(rows: u32, lid: u32, nt: u32) {
     for (var h = 1u; h < D; h *= 2u) {
         for (var p = lid; p < rows * (D / 2u); p += nt) {
             let q = p % (D / 2u);
@@ -64,34 +64,63 @@ fn turbo_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
         }
         workgroupBarrier();
     }
+}
+
+// Turbo: y = H (signs * x) per Hadamard block (orthonormal), or its inverse
+// x = signs * (H y).
+fn turbo_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
+    if !inverse {
+        turbo_scale(rot, rows, lid, nt);
+    }
+    fwht(rows, lid, nt);
     if inverse {
-        for (var i = lid; i < rows * D; i += nt) {
-            let k = i % D;
-            let at = (i / D) * RW + k;
-            rs_set(at, rs_get(at) * cst(rot + k) * inverseSqrt(f32(hblock_len(k))));
-        }
-        workgroupBarrier();
+        turbo_scale(rot, rows, lid, nt);
     }
 }
 
-// Rotor and iso: a small matrix M per group of `n` coordinates (row-major, n*n values per
-// group at `rot`): y = M x per group, or x = M^T y. `groups` groups per row.
-fn group_rotate(rot: u32, n: u32, groups: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
+// Rotor: a 3x3 matrix M per group of 3 coordinates (row-major, 9 values per group at
+// `rot`): y = M x per group, or x = M^T y.
+fn rotor_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
+    let groups = (D + 2u) / 3u;
     for (var i = lid; i < rows * groups; i += nt) {
-        let g = i % groups;
-        let at = (i / groups) * RW + n * g;
-        let m = rot + n * n * g;
-        var v = vec4<f32>(0.0);
-        for (var c = 0u; c < n; c++) {
-            v[c] = rs_get(at + c);
+        let at = (i / groups) * RW + 3u * (i % groups);
+        let m = rot + 9u * (i % groups);
+        let x = vec3<f32>(rs_get(at), rs_get(at + 1u), rs_get(at + 2u));
+        var a = vec3<f32>(cst(m), cst(m + 1u), cst(m + 2u));
+        var b = vec3<f32>(cst(m + 3u), cst(m + 4u), cst(m + 5u));
+        var c = vec3<f32>(cst(m + 6u), cst(m + 7u), cst(m + 8u));
+        if inverse {
+            let t = transpose(mat3x3<f32>(a, b, c));
+            a = t[0];
+            b = t[1];
+            c = t[2];
         }
-        for (var r = 0u; r < n; r++) {
-            var acc = 0.0;
-            for (var c = 0u; c < n; c++) {
-                let coef = select(cst(m + n * r + c), cst(m + n * c + r), inverse);
-                acc += coef * v[c];
-            }
-            rs_set(at + r, acc);
+        rs_set(at, dot(a, x));
+        rs_set(at + 1u, dot(b, x));
+        rs_set(at + 2u, dot(c, x));
+    }
+    workgroupBarrier();
+}
+
+// Iso: a 4x4 matrix M per group of 4 coordinates (row-major, 16 values per group at `rot`):
+// y = M x per group, or x = M^T y.
+fn iso_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
+    let groups = D / 4u;
+    for (var i = lid; i < rows * groups; i += nt) {
+        let at = (i / groups) * RW + 4u * (i % groups);
+        let m = rot + 16u * (i % groups);
+        let x = rot_sh[at / 4u];
+        var mt = mat4x4<f32>(
+            vec4<f32>(cst(m), cst(m + 1u), cst(m + 2u), cst(m + 3u)),
+            vec4<f32>(cst(m + 4u), cst(m + 5u), cst(m + 6u), cst(m + 7u)),
+            vec4<f32>(cst(m + 8u), cst(m + 9u), cst(m + 10u), cst(m + 11u)),
+            vec4<f32>(cst(m + 12u), cst(m + 13u), cst(m + 14u), cst(m + 15u)),
+        );
+        // The columns hold M's rows, so mt * x = M^T x and x * mt = M x.
+        if inverse {
+            rot_sh[at / 4u] = mt * x;
+        } else {
+            rot_sh[at / 4u] = x * mt;
         }
     }
     workgroupBarrier();
@@ -103,8 +132,8 @@ fn rotate_rows(kind: u32, rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool)
     if kind == 2u {
         turbo_rotate(rot, rows, lid, nt, inverse);
     } else if kind == 3u {
-        group_rotate(rot, 3u, (D + 2u) / 3u, rows, lid, nt, inverse);
+        rotor_rotate(rot, rows, lid, nt, inverse);
     } else if kind == 4u {
-        group_rotate(rot, 4u, D / 4u, rows, lid, nt, inverse);
+        iso_rotate(rot, rows, lid, nt, inverse);
     }
 }
