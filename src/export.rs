@@ -755,6 +755,9 @@ fn input_bytes(x: &[f32], t: InputType) -> Vec<u8> {
     }
 }
 
+// wgpu's handles hash and compare by identity (not by their interior state), which is what
+// the plan recorder's maps key on.
+#[allow(clippy::mutable_key_type)]
 /// Builds a [`ReplayPlan`] for `sc` from a real [`KvCache`] on `ctx`'s device: the cache's
 /// pipelines, bind groups and dispatches as its recording functions emit them, the initial
 /// buffer contents as read back from that device, and the expected outputs from kvq's CPU
