@@ -386,7 +386,7 @@ pub struct Scenario {
 /// with itself and with the next codec of the list), on rotating shapes (head_dim 64 and 128,
 /// GQA 1 and 4, one and two sequences, one and three storage segments, prefill on the small
 /// and the wide append path, lengths that are no multiple of any tile), each pairing on the
-/// separate and the fused step path.
+/// separate and the fused step path, with f32 and f16 inputs alternating.
 pub fn scenarios() -> Vec<Scenario> {
     // (head_dim, q_heads, kv_heads, batch, segment_tokens, prefill)
     let shapes: [(u32, u32, u32, u32, Option<u32>, u32); 4] = [
@@ -431,9 +431,14 @@ pub fn scenarios() -> Vec<Scenario> {
                 spec,
                 layer: 1,
                 prefill,
-                prefill_input: InputType::F32,
+                // Input types alternate so every append and step module variant is dispatched.
+                prefill_input: if i % 2 == 1 {
+                    InputType::F16
+                } else {
+                    InputType::F32
+                },
                 steps,
-                step_input: if j == 1 {
+                step_input: if (i + j) % 2 == 1 {
                     InputType::F16
                 } else {
                     InputType::F32

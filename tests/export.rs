@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 
 use kvq::export::{self, BindingKind, Expected, KernelModule, ReplayPlan, StepPath, Target};
-use kvq::{Codec, KernelConfig, KvCodecs, KvqError};
+use kvq::{Codec, InputType, KernelConfig, KvCodecs, KvqError};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 fn configs() -> Vec<KernelConfig> {
@@ -154,7 +154,10 @@ fn scenarios_cover_every_gpu_codec_both_paths_and_the_shapes() {
         assert!(sc.iter().any(|s| s.spec.codecs.v == c), "V {}", c.name());
     }
     for path in [StepPath::Separate, StepPath::Fused] {
-        assert!(sc.iter().any(|s| s.path == path));
+        for t in [InputType::F32, InputType::F16] {
+            assert!(sc.iter().any(|s| s.path == path && s.step_input == t));
+            assert!(sc.iter().any(|s| s.prefill_input == t));
+        }
     }
     for d in [64, 128] {
         for g in [1, 4] {
