@@ -43,9 +43,62 @@ struct SegParams {
 struct Segment {
     k: wgpu::Buffer,
     v: wgpu::Buffer,
-    append_bg: wgpu::BindGroup,
-    decode_bg: wgpu::BindGroup,
-    step_bg: wgpu::BindGroup,
+    append_bg: Bound,
+    decode_bg: Bound,
+    step_bg: Bound,
+}
+
+/// A bind group with the buffers it binds (binding `i` is `buffers[i]`), so that
+/// [`crate::export`] can describe a recording to another WebGPU host.
+pub(crate) struct Bound {
+    pub(crate) group: wgpu::BindGroup,
+    pub(crate) buffers: Vec<wgpu::Buffer>,
+}
+
+fn bind_buffers(
+    device: &wgpu::Device,
+    label: &str,
+    layout: &wgpu::BindGroupLayout,
+    bufs: &[&wgpu::Buffer],
+) -> Bound {
+    let entries: Vec<_> = bufs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout,
+        entries: &entries,
+    });
+    Bound {
+        group,
+        buffers: bufs.iter().map(|&b| b.clone()).collect(),
+    }
+}
+
+/// Where kvq records its dispatches: a compute pass, or [`crate::export`]'s plan recorder.
+/// Every dispatch kvq records goes through one of the `record_*` functions below, so an
+/// exported plan is exactly what the cache records natively.
+pub(crate) trait Recorder {
+    fn set_pipeline(&mut self, pipeline: &wgpu::ComputePipeline);
+    fn set_bind_group(&mut self, index: u32, group: &Bound);
+    fn dispatch_workgroups(&mut self, x: u32, y: u32, z: u32);
+}
+
+impl Recorder for wgpu::ComputePass<'_> {
+    fn set_pipeline(&mut self, pipeline: &wgpu::ComputePipeline) {
+        wgpu::ComputePass::set_pipeline(self, pipeline);
+    }
+    fn set_bind_group(&mut self, index: u32, group: &Bound) {
+        wgpu::ComputePass::set_bind_group(self, index, &group.group, &[]);
+    }
+    fn dispatch_workgroups(&mut self, x: u32, y: u32, z: u32) {
+        wgpu::ComputePass::dispatch_workgroups(self, x, y, z);
+    }
 }
 
 /// How a cache's storage and decode work are laid out on this device.
@@ -66,7 +119,7 @@ pub struct Layout {
 /// Caller buffers prepared for [`KvCache::append`]: bind groups are built once here, so
 /// recording an append allocates nothing.
 pub struct AppendInput {
-    bind_group: wgpu::BindGroup,
+    bind_group: Bound,
     n: u32,
     input: InputType,
     wide_groups: u32,
@@ -82,13 +135,13 @@ impl AppendInput {
 /// Caller buffers prepared for [`KvCache::attend`]: the query `[B, q_heads, head_dim]` f32 and
 /// the output of the same shape.
 pub struct AttendIo {
-    bind_group: wgpu::BindGroup,
+    bind_group: Bound,
 }
 
 /// Caller buffers prepared for [`KvCache::step`]: the new tokens' K and V (as for
 /// [`KvCache::append_input`]) with the query and output (as for [`KvCache::attend_io`]).
 pub struct StepIo {
-    bind_group: wgpu::BindGroup,
+    bind_group: Bound,
     n: u32,
     input: InputType,
 }
@@ -257,7 +310,8 @@ impl KvCache {
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvq decode partials"),
             size: part_floats * 4,
-            usage: wgpu::BufferUsages::STORAGE,
+            // COPY_SRC: crate::export reads every buffer's initial bytes.
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
         let rows = |t: u32| spec.batch as u64 * spec.kv_heads as u64 * t as u64;
@@ -297,22 +351,10 @@ impl KvCache {
                 let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some("kvq segment params"),
                     contents: bytemuck::bytes_of(&params),
-                    usage: wgpu::BufferUsages::UNIFORM,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
                 });
                 let bg = |layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]| {
-                    let entries: Vec<_> = bufs
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| wgpu::BindGroupEntry {
-                            binding: i as u32,
-                            resource: b.as_entire_binding(),
-                        })
-                        .collect();
-                    device.create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: None,
-                        layout,
-                        entries: &entries,
-                    })
+                    bind_buffers(device, "kvq segment", layout, bufs)
                 };
                 let append_bg = bg(&pipes.append_store, &[&params, &k, &v, &lens]);
                 let decode_bg = bg(&pipes.decode_store, &[&params, &k, &v, &lens, &partials]);
@@ -463,31 +505,17 @@ impl KvCache {
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
                 contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::UNIFORM,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
             })
     }
 
-    fn bind(
-        &self,
-        label: &str,
-        layout: &wgpu::BindGroupLayout,
-        bufs: &[&wgpu::Buffer],
-    ) -> wgpu::BindGroup {
-        let entries: Vec<_> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        self.ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(label),
-                layout,
-                entries: &entries,
-            })
+    fn bind(&self, label: &str, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> Bound {
+        bind_buffers(&self.ctx.device, label, layout, bufs)
+    }
+
+    /// The pipelines this cache records (for [`crate::export`]).
+    pub(crate) fn pipelines(&self) -> &Pipelines {
+        &self.pipes
     }
 
     /// Prepares caller buffers holding `n` new tokens per sequence, layout
@@ -597,6 +625,16 @@ impl KvCache {
         layer: u32,
         io: &StepIo,
     ) -> Result<()> {
+        self.record_step(pass, layer, io)
+    }
+
+    /// [`KvCache::step_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_step(
+        &mut self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        io: &StepIo,
+    ) -> Result<()> {
         self.reserve(layer, io.n)?;
         let [split, reduce] = &self.pipes.step[io.input as usize];
         self.record_attention(pass, layer, split, reduce, &io.bind_group, |seg| {
@@ -624,22 +662,32 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
+        self.record_append(pass, layer, input)
+    }
+
+    /// [`KvCache::append_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_append(
+        &mut self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
         self.reserve(layer, input.n)?;
         let pipes = &self.pipes.append[input.input as usize];
         let segs = &self.layers[layer as usize];
-        pass.set_bind_group(1, &input.bind_group, &[]);
+        pass.set_bind_group(1, &input.bind_group);
         let mut dispatches = 0;
         if input.n <= SMALL_APPEND_MAX_TOKENS {
             pass.set_pipeline(&pipes[0]);
             for seg in segs {
-                pass.set_bind_group(0, &seg.append_bg, &[]);
+                pass.set_bind_group(0, &seg.append_bg);
                 pass.dispatch_workgroups(1, self.spec.batch, 1);
                 dispatches += 1;
             }
         } else {
             pass.set_pipeline(&pipes[1]);
             for seg in segs {
-                pass.set_bind_group(0, &seg.append_bg, &[]);
+                pass.set_bind_group(0, &seg.append_bg);
                 pass.dispatch_workgroups(input.wide_groups, self.spec.batch, 1);
                 dispatches += 1;
             }
@@ -660,6 +708,16 @@ impl KvCache {
         layer: u32,
         io: &AttendIo,
     ) -> Result<()> {
+        self.record_attend(pass, layer, io)
+    }
+
+    /// [`KvCache::attend_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_attend(
+        &self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        io: &AttendIo,
+    ) -> Result<()> {
         self.check_layer(layer)?;
         let p = &self.pipes;
         self.record_attention(pass, layer, &p.split, &p.reduce, &io.bind_group, |seg| {
@@ -672,18 +730,18 @@ impl KvCache {
     /// the fused step, which differ in pipelines and bind groups only.
     fn record_attention(
         &self,
-        pass: &mut wgpu::ComputePass<'_>,
+        pass: &mut impl Recorder,
         layer: u32,
         split: &wgpu::ComputePipeline,
         reduce: &wgpu::ComputePipeline,
-        io: &wgpu::BindGroup,
-        store: impl Fn(&Segment) -> &wgpu::BindGroup,
+        io: &Bound,
+        store: impl Fn(&Segment) -> &Bound,
     ) {
         let segs = &self.layers[layer as usize];
-        pass.set_bind_group(1, io, &[]);
+        pass.set_bind_group(1, io);
         pass.set_pipeline(split);
         for seg in segs {
-            pass.set_bind_group(0, store(seg), &[]);
+            pass.set_bind_group(0, store(seg));
             pass.dispatch_workgroups(
                 self.spec.kv_heads * self.spec.batch,
                 self.layout.splits + 1,

@@ -7,6 +7,7 @@
 
 use crate::codec::{Codec, CodecKind, ScaleMode, lloyd, rotation};
 use crate::error::{KvqError, Result};
+use crate::export::KernelModule;
 
 const COMMON: &str = include_str!("../wgsl/common.wgsl");
 const APPEND: &str = include_str!("../wgsl/append.wgsl");
@@ -549,41 +550,111 @@ fn entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntr
     }
 }
 
-fn layout(
-    device: &wgpu::Device,
-    label: &str,
-    entries: &[(u32, wgpu::BufferBindingType)],
-) -> wgpu::BindGroupLayout {
-    let e: Vec<_> = entries.iter().map(|&(b, t)| entry(b, t)).collect();
+fn layout(device: &wgpu::Device, table: LayoutTable) -> wgpu::BindGroupLayout {
+    let e: Vec<_> = table.1.iter().map(|&(b, t, _)| entry(b, t)).collect();
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some(label),
+        label: Some(table.0),
         entries: &e,
     })
 }
+
+/// A bind group layout: its label and, per binding, the buffer type and the buffer's role
+/// (what [`crate::export`] tells other WebGPU hosts).
+pub(crate) type LayoutTable = (
+    &'static str,
+    &'static [(u32, wgpu::BufferBindingType, &'static str)],
+);
 
 const UNIFORM: wgpu::BufferBindingType = wgpu::BufferBindingType::Uniform;
 const RW: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: false };
 const RO: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: true };
 
+pub(crate) const APPEND_STORE: LayoutTable = (
+    "kvq append store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RW, "K store"),
+        (2, RW, "V store"),
+        (3, RW, "lengths"),
+    ],
+);
+pub(crate) const APPEND_INPUT: LayoutTable = (
+    "kvq append input",
+    &[
+        (0, RO, "K input"),
+        (1, RO, "V input"),
+        (2, UNIFORM, "append params"),
+    ],
+);
+pub(crate) const DECODE_STORE: LayoutTable = (
+    "kvq decode store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RO, "K store"),
+        (2, RO, "V store"),
+        (3, RO, "lengths"),
+        (4, RW, "partials"),
+    ],
+);
+pub(crate) const DECODE_IO: LayoutTable = ("kvq decode io", &[(0, RO, "query"), (1, RW, "output")]);
+pub(crate) const STEP_STORE: LayoutTable = (
+    "kvq step store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RW, "K store"),
+        (2, RW, "V store"),
+        (3, RW, "lengths"),
+        (4, RW, "partials"),
+    ],
+);
+pub(crate) const STEP_IO: LayoutTable = (
+    "kvq step io",
+    &[
+        (0, RO, "query"),
+        (1, RW, "output"),
+        (2, RO, "K input"),
+        (3, RO, "V input"),
+        (4, UNIFORM, "step params"),
+    ],
+);
+
+/// Entry points of an append module, in the order of [`Pipelines::append`].
+pub(crate) const APPEND_ENTRIES: [&str; 3] = ["append_small", "append_wide", "append_commit"];
+/// Entry points of a decode or step module, in the order of [`Pipelines::step`].
+pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];
+
 impl Pipelines {
+    /// Every pipeline with its module, entry point and bind group layouts (groups 0 and 1),
+    /// so [`crate::export`] can name what a recording uses.
+    pub(crate) fn describe(
+        &self,
+    ) -> Vec<(
+        &wgpu::ComputePipeline,
+        KernelModule,
+        &'static str,
+        [LayoutTable; 2],
+    )> {
+        let mut v = Vec::new();
+        for (i, t) in [InputType::F32, InputType::F16].into_iter().enumerate() {
+            for (p, ep) in self.append[i].iter().zip(APPEND_ENTRIES) {
+                v.push((p, KernelModule::Append(t), ep, [APPEND_STORE, APPEND_INPUT]));
+            }
+            for (p, ep) in self.step[i].iter().zip(ATTEND_ENTRIES) {
+                v.push((p, KernelModule::Step(t), ep, [STEP_STORE, STEP_IO]));
+            }
+        }
+        for (p, ep) in [&self.split, &self.reduce].into_iter().zip(ATTEND_ENTRIES) {
+            v.push((p, KernelModule::Decode, ep, [DECODE_STORE, DECODE_IO]));
+        }
+        v
+    }
+
     pub fn new(device: &wgpu::Device, cfg: &KernelConfig) -> Result<Pipelines> {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let append_store = layout(
-            device,
-            "kvq append store",
-            &[(0, UNIFORM), (1, RW), (2, RW), (3, RW)],
-        );
-        let append_input = layout(
-            device,
-            "kvq append input",
-            &[(0, RO), (1, RO), (2, UNIFORM)],
-        );
-        let decode_store = layout(
-            device,
-            "kvq decode store",
-            &[(0, UNIFORM), (1, RO), (2, RO), (3, RO), (4, RW)],
-        );
-        let decode_io = layout(device, "kvq decode io", &[(0, RO), (1, RW)]);
+        let append_store = layout(device, APPEND_STORE);
+        let append_input = layout(device, APPEND_INPUT);
+        let decode_store = layout(device, DECODE_STORE);
+        let decode_io = layout(device, DECODE_IO);
         let pl = |a: &wgpu::BindGroupLayout, b: &wgpu::BindGroupLayout| {
             device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: None,
@@ -593,16 +664,8 @@ impl Pipelines {
         };
         let append_layout = pl(&append_store, &append_input);
         let decode_layout = pl(&decode_store, &decode_io);
-        let step_store = layout(
-            device,
-            "kvq step store",
-            &[(0, UNIFORM), (1, RW), (2, RW), (3, RW), (4, RW)],
-        );
-        let step_io = layout(
-            device,
-            "kvq step io",
-            &[(0, RO), (1, RW), (2, RO), (3, RO), (4, UNIFORM)],
-        );
+        let step_store = layout(device, STEP_STORE);
+        let step_io = layout(device, STEP_IO);
         let step_layout = pl(&step_store, &step_io);
         let module = |label: &str, src: String| {
             device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -622,14 +685,13 @@ impl Pipelines {
         };
         let append = [InputType::F32, InputType::F16].map(|t| {
             let m = module("kvq append", cfg.append_source(t));
-            ["append_small", "append_wide", "append_commit"].map(|ep| pipe(&append_layout, &m, ep))
+            APPEND_ENTRIES.map(|ep| pipe(&append_layout, &m, ep))
         });
         let dm = module("kvq decode", cfg.decode_source());
-        let split = pipe(&decode_layout, &dm, "split");
-        let reduce = pipe(&decode_layout, &dm, "reduce");
+        let [split, reduce] = ATTEND_ENTRIES.map(|ep| pipe(&decode_layout, &dm, ep));
         let step = [InputType::F32, InputType::F16].map(|t| {
             let m = module("kvq step", cfg.step_source(t));
-            ["split", "reduce"].map(|ep| pipe(&step_layout, &m, ep))
+            ATTEND_ENTRIES.map(|ep| pipe(&step_layout, &m, ep))
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(KvqError::Gpu(format!("building kvq's kernels failed: {e}")));

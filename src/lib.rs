@@ -24,6 +24,7 @@ pub mod cache;
 pub mod codec;
 pub mod context;
 pub mod error;
+pub mod export;
 pub mod kernels;
 pub mod reference;
 pub mod spec;

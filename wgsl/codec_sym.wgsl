@@ -34,8 +34,9 @@ fn @SIDE@_quantize(x: vec2<f32>, d: f32, qmax: f32) -> vec2<f32> {
     let r = x - c * d;
     let half = vec2<f32>(0.5 * d);
     c += select(vec2<f32>(0.0), vec2<f32>(1.0), r > half) - select(vec2<f32>(0.0), vec2<f32>(1.0), r < -half);
-    // Exact ties go away from zero.
-    c += select(vec2<f32>(0.0), sign(x), (r == half & x > vec2<f32>(0.0)) | (r == -half & x < vec2<f32>(0.0)));
+    // Exact ties go away from zero. (WGSL needs the parentheses around each comparison: Tint
+    // rejects `a == b & c`, naga accepts it.)
+    c += select(vec2<f32>(0.0), sign(x), ((r == half) & (x > vec2<f32>(0.0))) | ((r == -half) & (x < vec2<f32>(0.0))));
     return clamp(c, vec2<f32>(-qmax), vec2<f32>(qmax));
 }
 // Encode task `task` (of @S@_TASKS = ceil(D/64) per row): blocks 2 task and 2 task + 1, their

@@ -1,0 +1,413 @@
+//! kvq::export: every exported kernel variant is valid WGSL whose bindings match the layouts
+//! handed to hosts, replay plans are well formed JSON, and a plan replayed natively through
+//! plain wgpu (no kvq code) reproduces the expected outputs — so neither the exporter nor the
+//! plans can rot without `cargo test` noticing. (web/replay.mjs replays the same plans in Dawn.)
+
+mod common;
+
+use std::collections::HashMap;
+
+use kvq::export::{self, BindingKind, Expected, KernelModule, ReplayPlan, StepPath, Target};
+use kvq::{Codec, InputType, KernelConfig, KvCodecs, KvqError};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+fn configs() -> Vec<KernelConfig> {
+    let codecs = export::harness_codecs();
+    let mut v = Vec::new();
+    for (i, &k) in codecs.iter().enumerate() {
+        // Each codec as K with itself and with the next codec as V (V without QJL).
+        let next = codecs[(i + 1) % codecs.len()];
+        for (j, vc) in [k.with_qjl(false), next.with_qjl(false)]
+            .into_iter()
+            .enumerate()
+        {
+            let (d, g) = [(64u32, 1u32), (128, 4), (96, 2), (256, 8)][(i + 2 * j) % 4];
+            v.push(KernelConfig {
+                head_dim: d,
+                gqa: g,
+                kv_heads: 2,
+                batch: 2,
+                capacity: 300,
+                layers: 2,
+                splits: 3,
+                segments: 2,
+                min_chunk: 32,
+                scale: 1.0 / (d as f32).sqrt(),
+                workgroup: 128,
+                k,
+                v: vc,
+            });
+        }
+    }
+    v
+}
+
+fn kind_of(space: naga::AddressSpace) -> Option<BindingKind> {
+    match space {
+        naga::AddressSpace::Uniform => Some(BindingKind::Uniform),
+        naga::AddressSpace::Storage { access } => {
+            if access.contains(naga::StorageAccess::STORE) {
+                Some(BindingKind::Storage)
+            } else {
+                Some(BindingKind::ReadOnlyStorage)
+            }
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn every_exported_kernel_parses_and_matches_its_layouts() {
+    let mut checked = 0;
+    for cfg in configs() {
+        for target in [Target::Native, Target::Browser] {
+            let kernels = export::export_kernels(&cfg, target).expect("export");
+            assert_eq!(kernels.len(), KernelModule::all().len());
+            for k in kernels {
+                let name = format!(
+                    "{} {:?} K {} V {} d={} g={}",
+                    k.module.name(),
+                    target,
+                    cfg.k.name(),
+                    cfg.v.name(),
+                    cfg.head_dim,
+                    cfg.gqa
+                );
+                assert_eq!(
+                    k.wgsl,
+                    export::kernel_wgsl(&cfg, k.module, target).unwrap(),
+                    "{name}"
+                );
+                let module = naga::front::wgsl::parse_str(&k.wgsl)
+                    .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&k.wgsl)));
+                Validator::new(
+                    ValidationFlags::all(),
+                    Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+                )
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&k.wgsl)));
+                if target == Target::Browser {
+                    assert!(!k.wgsl.contains("subgroup"), "{name} uses subgroups");
+                }
+                // Entry points: exactly those listed.
+                let mut eps: Vec<&str> = module
+                    .entry_points
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect();
+                let mut listed: Vec<&str> = k.entry_points.iter().map(|e| e.name).collect();
+                eps.sort();
+                listed.sort();
+                assert_eq!(eps, listed, "{name}: entry points");
+                // Every binding the module declares is in the handed-out layout, same type.
+                for (_, var) in module.global_variables.iter() {
+                    let Some(rb) = &var.binding else { continue };
+                    let layout = &k.bind_group_layouts[rb.group as usize];
+                    let entry = layout
+                        .entries
+                        .iter()
+                        .find(|e| e.binding == rb.binding)
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "{name}: @group({}) @binding({}) not in the layout",
+                                rb.group, rb.binding
+                            )
+                        });
+                    assert_eq!(
+                        Some(entry.kind),
+                        kind_of(var.space),
+                        "{name}: @group({}) @binding({}) ({})",
+                        rb.group,
+                        rb.binding,
+                        entry.role
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} exported modules parsed and validated");
+    assert!(checked >= 2 * 5 * 2 * export::harness_codecs().len());
+}
+
+#[test]
+fn export_refuses_what_it_cannot_serve_with_typed_errors() {
+    let mut cfg = configs().remove(0);
+    cfg.k = Codec::turbo(3);
+    if !kvq::kernels::gpu_supported(cfg.k) {
+        assert!(matches!(
+            export::export_kernels(&cfg, Target::Browser),
+            Err(KvqError::InvalidSpec(_))
+        ));
+    }
+    let mut cfg = configs().remove(0);
+    cfg.head_dim = 40;
+    assert!(export::export_kernels(&cfg, Target::Native).is_err());
+    let mut cfg = configs().remove(0);
+    cfg.gqa = 0;
+    assert!(export::kernel_wgsl(&cfg, KernelModule::Decode, Target::Browser).is_err());
+    let mut sc = export::scenarios().remove(0);
+    sc.prefill = sc.spec.capacity;
+    assert!(export::replay_plan(common::ctx(), &sc, Target::Browser).is_err());
+}
+
+#[test]
+fn scenarios_cover_every_gpu_codec_both_paths_and_the_shapes() {
+    let sc = export::scenarios();
+    let harness = export::harness_codecs();
+    for c in &harness {
+        assert!(sc.iter().any(|s| s.spec.codecs.k == *c), "K {}", c.name());
+        if !c.qjl {
+            assert!(sc.iter().any(|s| s.spec.codecs.v == *c), "V {}", c.name());
+        }
+    }
+    // The harness covers every family at every bit width, both scale modes, and QJL.
+    for c in export::gpu_codecs() {
+        assert!(
+            harness.iter().any(|h| h.kind == c.kind && h.bits == c.bits),
+            "{}",
+            c.name()
+        );
+        assert!(
+            harness
+                .iter()
+                .any(|h| h.kind == c.kind && h.scale == c.scale)
+        );
+        assert!(harness.iter().any(|h| h.kind == c.kind && h.qjl == c.qjl));
+    }
+    for path in [StepPath::Separate, StepPath::Fused] {
+        for t in [InputType::F32, InputType::F16] {
+            assert!(sc.iter().any(|s| s.path == path && s.step_input == t));
+            assert!(sc.iter().any(|s| s.prefill_input == t));
+        }
+    }
+    for d in [64, 128] {
+        for g in [1, 4] {
+            assert!(
+                sc.iter().any(|s| s.spec.head_dim == d && s.spec.gqa() == g),
+                "d={d} g={g}"
+            );
+        }
+    }
+    let names: std::collections::HashSet<_> = sc.iter().map(|s| &s.name).collect();
+    assert_eq!(names.len(), sc.len(), "scenario names are unique");
+    assert!(
+        sc.iter()
+            .any(|s| (s.prefill + s.steps) % 32 != 0 && s.prefill > 64)
+    );
+}
+
+/// Replays a plan through plain wgpu, the way web/replay.mjs does in Dawn.
+fn replay_natively(plan: &ReplayPlan) -> Vec<Vec<u8>> {
+    let ctx = common::ctx();
+    let dev = &ctx.device;
+    let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+    let modules: Vec<_> = plan
+        .modules
+        .iter()
+        .map(|m| {
+            dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&m.name),
+                source: wgpu::ShaderSource::Wgsl(m.wgsl.as_str().into()),
+            })
+        })
+        .collect();
+    let layouts: Vec<_> = plan
+        .layouts
+        .iter()
+        .map(|l| {
+            let entries: Vec<_> = l
+                .entries
+                .iter()
+                .map(|e| wgpu::BindGroupLayoutEntry {
+                    binding: e.binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: match e.kind {
+                            BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
+                            BindingKind::Storage => {
+                                wgpu::BufferBindingType::Storage { read_only: false }
+                            }
+                            BindingKind::ReadOnlyStorage => {
+                                wgpu::BufferBindingType::Storage { read_only: true }
+                            }
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                })
+                .collect();
+            dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(l.label),
+                entries: &entries,
+            })
+        })
+        .collect();
+    let pipelines: Vec<_> = plan
+        .pipelines
+        .iter()
+        .map(|p| {
+            let layout = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&layouts[p.layouts[0]]), Some(&layouts[p.layouts[1]])],
+                immediate_size: 0,
+            });
+            dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(p.entry_point),
+                layout: Some(&layout),
+                module: &modules[p.module],
+                entry_point: Some(p.entry_point),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })
+        .collect();
+    let buffers: Vec<_> = plan
+        .buffers
+        .iter()
+        .map(|b| {
+            let buf = dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&b.name),
+                size: b.size,
+                usage: b.usage | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            if let Some(init) = &b.init {
+                ctx.queue.write_buffer(&buf, 0, init);
+            }
+            buf
+        })
+        .collect();
+    let groups: Vec<_> = plan
+        .bind_groups
+        .iter()
+        .map(|g| {
+            let entries: Vec<_> = g
+                .buffers
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: buffers[b].as_entire_binding(),
+                })
+                .collect();
+            dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layouts[g.layout],
+                entries: &entries,
+            })
+        })
+        .collect();
+    let mut enc = dev.create_command_encoder(&Default::default());
+    for p in &plan.passes {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&p.label),
+            timestamp_writes: None,
+        });
+        for d in &p.dispatches {
+            pass.set_pipeline(&pipelines[d.pipeline]);
+            pass.set_bind_group(0, &groups[d.bind_groups[0]], &[]);
+            pass.set_bind_group(1, &groups[d.bind_groups[1]], &[]);
+            let [x, y, z] = d.workgroups;
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+    assert!(
+        pollster::block_on(scope.pop()).is_none(),
+        "validation error"
+    );
+    plan.checks
+        .iter()
+        .map(|c| {
+            let f = common::read_f32(
+                ctx,
+                &buffers[c.buffer],
+                (plan.buffers[c.buffer].size / 4) as usize,
+            );
+            bytemuck::cast_slice(&f).to_vec()
+        })
+        .collect()
+}
+
+#[test]
+fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
+    let all = export::scenarios();
+    // One plan per path, with quantized K and V and several storage segments among them.
+    let picks: Vec<_> = [
+        all.iter()
+            .find(|s| s.path == StepPath::Separate && s.spec.codecs.k != Codec::NONE),
+        all.iter().find(|s| {
+            s.path == StepPath::Fused
+                && s.spec.codecs != KvCodecs::NONE
+                && s.spec.segment_tokens.is_some()
+        }),
+    ]
+    .into_iter()
+    .map(|s| s.expect("scenario").clone())
+    .collect();
+    for sc in picks {
+        let plan = export::replay_plan(common::ctx(), &sc, Target::Browser).expect("plan");
+        // The JSON parses and its indices point at what exists.
+        let json: serde_json::Value =
+            serde_json::from_str(&plan.to_json()).expect("plan JSON parses");
+        assert_eq!(json["format"], "kvq-replay-plan/1");
+        let n = |k: &str| json[k].as_array().map_or(0, |a| a.len());
+        assert_eq!(n("modules"), KernelModule::all().len());
+        assert_eq!(n("buffers"), plan.buffers.len());
+        for p in &plan.pipelines {
+            assert!(p.module < plan.modules.len());
+            assert!(p.layouts.iter().all(|&l| l < plan.layouts.len()));
+        }
+        for g in &plan.bind_groups {
+            assert_eq!(g.buffers.len(), plan.layouts[g.layout].entries.len());
+            assert!(g.buffers.iter().all(|&b| b < plan.buffers.len()));
+        }
+        for b in &plan.buffers {
+            assert_eq!(b.size % 4, 0);
+            assert!(b.init.as_ref().is_none_or(|x| x.len() as u64 == b.size));
+        }
+        let dispatches: usize = plan.passes.iter().map(|p| p.dispatches.len()).sum();
+        assert!(dispatches > 2 * sc.steps as usize, "{}", sc.name);
+        assert_eq!(plan.checks.len(), sc.steps as usize + 1);
+
+        let got = replay_natively(&plan);
+        for (c, bytes) in plan.checks.iter().zip(got) {
+            match &c.expected {
+                Expected::F32 {
+                    values,
+                    chunk,
+                    tolerance,
+                } => {
+                    let f: &[f32] = bytemuck::cast_slice(&bytes);
+                    for (g, w) in f[..values.len()].chunks(*chunk).zip(values.chunks(*chunk)) {
+                        let e = common::rel_err(g, w);
+                        assert!(e <= *tolerance, "{} {}: rel err {e:e}", sc.name, c.label);
+                    }
+                }
+                Expected::U32(want) => {
+                    let u: &[u32] = bytemuck::cast_slice(&bytes);
+                    assert_eq!(&u[..want.len()], &want[..], "{} {}", sc.name, c.label);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn base64_matches_the_standard_alphabet() {
+    let cases: HashMap<&[u8], &str> = [
+        (&b""[..], ""),
+        (b"f", "Zg=="),
+        (b"fo", "Zm8="),
+        (b"foo", "Zm9v"),
+        (b"foobar", "Zm9vYmFy"),
+        (&[0xff, 0xfe, 0x00][..], "//4A"),
+    ]
+    .into_iter()
+    .collect();
+    for (input, want) in cases {
+        assert_eq!(export::base64(input), want);
+    }
+}
