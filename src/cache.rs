@@ -635,9 +635,10 @@ impl KvCache {
         layer: u32,
         io: &StepIo,
     ) -> Result<()> {
+        self.check_layer(layer)?;
+        let [split, reduce] = self.pipes.step(io.input)?.clone();
         self.reserve(layer, io.n)?;
-        let [split, reduce] = &self.pipes.step[io.input as usize];
-        self.record_attention(pass, layer, split, reduce, &io.bind_group, |seg| {
+        self.record_attention(pass, layer, &split, &reduce, &io.bind_group, |seg| {
             &seg.step_bg
         });
         Ok(())
@@ -672,8 +673,9 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
+        self.check_layer(layer)?;
+        let pipes = self.pipes.append(input.input)?.clone();
         self.reserve(layer, input.n)?;
-        let pipes = &self.pipes.append[input.input as usize];
         let segs = &self.layers[layer as usize];
         pass.set_bind_group(1, &input.bind_group);
         let mut dispatches = 0;
@@ -719,8 +721,8 @@ impl KvCache {
         io: &AttendIo,
     ) -> Result<()> {
         self.check_layer(layer)?;
-        let p = &self.pipes;
-        self.record_attention(pass, layer, &p.split, &p.reduce, &io.bind_group, |seg| {
+        let [split, reduce] = self.pipes.attend();
+        self.record_attention(pass, layer, split, reduce, &io.bind_group, |seg| {
             &seg.decode_bg
         });
         Ok(())

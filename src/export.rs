@@ -791,42 +791,6 @@ fn input_bytes(x: &[f32], t: InputType) -> Vec<u8> {
     }
 }
 
-/// f64 attention with scores from the QJL inner-product estimator of each K row
-/// (`rows`: `[len, kv_heads]` encoded rows; `v`: `[len, kv_heads, d]` decoded values).
-fn qjl_attention(
-    kref: &CodecRef,
-    q: &[f64],
-    rows: &[Vec<u32>],
-    v: &[f64],
-    q_heads: usize,
-    kv_heads: usize,
-    scale: f32,
-) -> Vec<f64> {
-    let d = kref.head_dim();
-    let g = q_heads / kv_heads;
-    let len = rows.len() / kv_heads;
-    let mut out = vec![0.0; q_heads * d];
-    for qh in 0..q_heads {
-        let h = qh / g;
-        let qv = &q[qh * d..(qh + 1) * d];
-        let sc: Vec<f64> = (0..len)
-            .map(|t| kref.ip_estimate(&rows[t * kv_heads + h], qv) * scale as f64)
-            .collect();
-        let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let o = &mut out[qh * d..(qh + 1) * d];
-        let mut l = 0.0;
-        for (t, &st) in sc.iter().enumerate() {
-            let p = (st - m).exp();
-            l += p;
-            for (oi, vi) in o.iter_mut().zip(&v[(t * kv_heads + h) * d..][..d]) {
-                *oi += p * vi;
-            }
-        }
-        o.iter_mut().for_each(|x| *x /= l);
-    }
-    out
-}
-
 // wgpu's handles hash and compare by identity (not by their interior state), which is what
 // the plan recorder's maps key on.
 #[allow(clippy::mutable_key_type)]
@@ -869,7 +833,7 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
     }
     let pipes = cache
         .pipelines()
-        .describe()
+        .describe()?
         .into_iter()
         .map(|(p, m, ep, t)| (p.clone(), (module_ids[&m], ep, t)))
         .collect();
@@ -991,14 +955,13 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
             if s.codecs.k.qjl {
                 // Scores from the QJL estimator over the encoded rows, as the GPU computes.
                 let rows: Vec<Vec<u32>> = ks[seq].chunks(d).map(|x| kref.encode(x)).collect();
-                want.extend(qjl_attention(
-                    &kref,
-                    &qs,
-                    &rows,
+                let scale = s.softmax_scale() as f64;
+                want.extend(reference::attention_with_scores(
                     &vd,
                     qh,
                     kvh,
-                    s.softmax_scale(),
+                    d,
+                    |q, h, t| scale * kref.ip_estimate(&rows[t * kvh + h], &qs[q * d..(q + 1) * d]),
                 ));
             } else {
                 want.extend(reference::attention(

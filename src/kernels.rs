@@ -5,6 +5,8 @@
 //! shape into constants lets the compiler unroll the head loops and size workgroup arrays, and
 //! makes every exported shader self-contained.
 
+use std::sync::OnceLock;
+
 use crate::codec::{Codec, CodecKind, ScaleMode, lloyd, rotation};
 use crate::error::{KvqError, Result};
 use crate::export::KernelModule;
@@ -521,20 +523,36 @@ pub(crate) fn expand(src: &str, tokens: &[(&str, u32)]) -> String {
     out
 }
 
+/// A pipeline with its module, entry point and bind group layouts (groups 0 and 1).
+pub(crate) type Described<'a> = (
+    &'a wgpu::ComputePipeline,
+    KernelModule,
+    &'static str,
+    [LayoutTable; 2],
+);
+
 /// Bind group layouts and pipelines of one cache.
+///
+/// The attend pipelines are built with the cache (they validate its shape); the append and
+/// fused-step pipelines on first use, so a cache only compiles the modules it runs (several
+/// seconds each on a CPU driver).
 pub(crate) struct Pipelines {
+    device: wgpu::Device,
+    cfg: KernelConfig,
     pub append_store: wgpu::BindGroupLayout,
     pub append_input: wgpu::BindGroupLayout,
     pub decode_store: wgpu::BindGroupLayout,
     pub decode_io: wgpu::BindGroupLayout,
-    /// [F32, F16] x (small, wide, commit).
-    pub append: [[wgpu::ComputePipeline; 3]; 2],
-    pub split: wgpu::ComputePipeline,
-    pub reduce: wgpu::ComputePipeline,
     pub step_store: wgpu::BindGroupLayout,
     pub step_io: wgpu::BindGroupLayout,
+    append_layout: wgpu::PipelineLayout,
+    step_layout: wgpu::PipelineLayout,
+    /// [F32, F16] x (small, wide, commit).
+    append: [OnceLock<Result<[wgpu::ComputePipeline; 3]>>; 2],
+    /// (split, reduce).
+    attend: [wgpu::ComputePipeline; 2],
     /// [F32, F16] x (split, reduce) of the fused step.
-    pub step: [[wgpu::ComputePipeline; 2]; 2],
+    step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
 }
 
 fn entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
@@ -626,27 +644,59 @@ pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];
 impl Pipelines {
     /// Every pipeline with its module, entry point and bind group layouts (groups 0 and 1),
     /// so [`crate::export`] can name what a recording uses.
-    pub(crate) fn describe(
-        &self,
-    ) -> Vec<(
-        &wgpu::ComputePipeline,
-        KernelModule,
-        &'static str,
-        [LayoutTable; 2],
-    )> {
+    pub(crate) fn describe(&self) -> Result<Vec<Described<'_>>> {
         let mut v = Vec::new();
-        for (i, t) in [InputType::F32, InputType::F16].into_iter().enumerate() {
-            for (p, ep) in self.append[i].iter().zip(APPEND_ENTRIES) {
+        for t in [InputType::F32, InputType::F16] {
+            for (p, ep) in self.append(t)?.iter().zip(APPEND_ENTRIES) {
                 v.push((p, KernelModule::Append(t), ep, [APPEND_STORE, APPEND_INPUT]));
             }
-            for (p, ep) in self.step[i].iter().zip(ATTEND_ENTRIES) {
+            for (p, ep) in self.step(t)?.iter().zip(ATTEND_ENTRIES) {
                 v.push((p, KernelModule::Step(t), ep, [STEP_STORE, STEP_IO]));
             }
         }
-        for (p, ep) in [&self.split, &self.reduce].into_iter().zip(ATTEND_ENTRIES) {
+        for (p, ep) in self.attend.iter().zip(ATTEND_ENTRIES) {
             v.push((p, KernelModule::Decode, ep, [DECODE_STORE, DECODE_IO]));
         }
-        v
+        Ok(v)
+    }
+
+    /// The append pipelines for `input` (built on first use).
+    pub fn append(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 3]> {
+        self.append[input as usize]
+            .get_or_init(|| {
+                let src = self.cfg.append_source(input);
+                build(
+                    &self.device,
+                    "kvq append",
+                    src,
+                    &self.append_layout,
+                    APPEND_ENTRIES,
+                )
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The attend pipelines (split, reduce).
+    pub fn attend(&self) -> &[wgpu::ComputePipeline; 2] {
+        &self.attend
+    }
+
+    /// The fused-step pipelines (split, reduce) for `input` (built on first use).
+    pub fn step(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 2]> {
+        self.step[input as usize]
+            .get_or_init(|| {
+                let src = self.cfg.step_source(input);
+                build(
+                    &self.device,
+                    "kvq step",
+                    src,
+                    &self.step_layout,
+                    ATTEND_ENTRIES,
+                )
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     pub fn new(device: &wgpu::Device, cfg: &KernelConfig) -> Result<Pipelines> {
@@ -667,46 +717,61 @@ impl Pipelines {
         let step_store = layout(device, STEP_STORE);
         let step_io = layout(device, STEP_IO);
         let step_layout = pl(&step_store, &step_io);
-        let module = |label: &str, src: String| {
-            device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(label),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            })
-        };
-        let pipe = |layout: &wgpu::PipelineLayout, m: &wgpu::ShaderModule, ep: &str| {
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(ep),
-                layout: Some(layout),
-                module: m,
-                entry_point: Some(ep),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-        };
-        let append = [InputType::F32, InputType::F16].map(|t| {
-            let m = module("kvq append", cfg.append_source(t));
-            APPEND_ENTRIES.map(|ep| pipe(&append_layout, &m, ep))
-        });
-        let dm = module("kvq decode", cfg.decode_source());
-        let [split, reduce] = ATTEND_ENTRIES.map(|ep| pipe(&decode_layout, &dm, ep));
-        let step = [InputType::F32, InputType::F16].map(|t| {
-            let m = module("kvq step", cfg.step_source(t));
-            ATTEND_ENTRIES.map(|ep| pipe(&step_layout, &m, ep))
-        });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(KvqError::Gpu(format!("building kvq's kernels failed: {e}")));
         }
+        let attend = build(
+            device,
+            "kvq decode",
+            cfg.decode_source(),
+            &decode_layout,
+            ATTEND_ENTRIES,
+        )?;
         Ok(Pipelines {
+            device: device.clone(),
+            cfg: cfg.clone(),
+            append_layout,
+            step_layout,
+            attend,
+            append: Default::default(),
+            step: Default::default(),
             append_store,
             append_input,
             decode_store,
             decode_io,
             step_store,
             step_io,
-            step,
-            append,
-            split,
-            reduce,
         })
     }
+}
+
+/// Compiles `src` and one pipeline per entry point, inside a validation error scope.
+fn build<const N: usize>(
+    device: &wgpu::Device,
+    label: &str,
+    src: String,
+    layout: &wgpu::PipelineLayout,
+    entries: [&str; N],
+) -> Result<[wgpu::ComputePipeline; N]> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let pipes = entries.map(|ep| {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(ep),
+            layout: Some(layout),
+            module: &module,
+            entry_point: Some(ep),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(KvqError::Gpu(format!(
+            "building kvq's {label} kernels failed: {e}"
+        )));
+    }
+    Ok(pipes)
 }

@@ -14,17 +14,29 @@ pub fn attention(
     d: usize,
     scale: f64,
 ) -> Vec<f64> {
-    let len = k.len() / (kv_heads * d);
+    attention_with_scores(v, q_heads, kv_heads, d, |qh, h, t| {
+        let kv = &k[(t * kv_heads + h) * d..][..d];
+        let qv = &q[qh * d..(qh + 1) * d];
+        scale * qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>()
+    })
+}
+
+/// Softmax attention with the scores given by `score(query head, kv head, token)` (already
+/// scaled): for estimators such as QJL's, whose scores are not a dot product with a stored
+/// vector. `v`: `[len, kv_heads, d]`; returns `[q_heads, d]`.
+pub fn attention_with_scores(
+    v: &[f64],
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+    score: impl Fn(usize, usize, usize) -> f64,
+) -> Vec<f64> {
+    let len = v.len() / (kv_heads * d);
     let g = q_heads / kv_heads;
     let mut out = vec![0.0; q_heads * d];
-    let mut s = vec![0.0; len];
     for qh in 0..q_heads {
         let h = qh / g;
-        let qv = &q[qh * d..(qh + 1) * d];
-        for (t, st) in s.iter_mut().enumerate() {
-            let kv = &k[(t * kv_heads + h) * d..][..d];
-            *st = scale * qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>();
-        }
+        let s: Vec<f64> = (0..len).map(|t| score(qh, h, t)).collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let mut l = 0.0;
         let o = &mut out[qh * d..(qh + 1) * d];
