@@ -97,6 +97,16 @@ pub struct GpuContext {
     counters: Arc<TransferCounters>,
 }
 
+/// [`GpuContext::new`] has wgpu refuse (as an out-of-memory error) a buffer that would take
+/// the device's memory heap past this share of the budget the driver reports (Vulkan with
+/// `VK_EXT_memory_budget`, D3D12), rather than oversubscribe it.
+pub const MEMORY_BUDGET_PERCENT: u8 = 90;
+
+const MEMORY_BUDGET: wgpu::MemoryBudgetThresholds = wgpu::MemoryBudgetThresholds {
+    for_resource_creation: Some(MEMORY_BUDGET_PERCENT),
+    for_device_loss: None,
+};
+
 fn backends_from_env() -> wgpu::Backends {
     wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
 }
@@ -107,6 +117,8 @@ impl GpuContext {
     /// The adapter is chosen by `WGPU_BACKEND` (e.g. `vulkan`, `metal`) and `WGPU_ADAPTER_NAME`
     /// (a substring of the adapter name) when set, else the high-performance adapter. Only what
     /// kvq needs is requested; f16, subgroups and timestamps are enabled when offered.
+    /// Allocations past [`MEMORY_BUDGET_PERCENT`] of the driver's memory budget fail with
+    /// [`KvqError::OutOfMemory`] instead of oversubscribing the device.
     pub fn new() -> Result<GpuContext> {
         pollster::block_on(Self::new_async())
     }
@@ -116,6 +128,7 @@ impl GpuContext {
         let backends = backends_from_env();
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends,
+            memory_budget_thresholds: MEMORY_BUDGET,
             ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
         });
         let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
