@@ -758,6 +758,18 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
         .iter()
         .map(tok)
         .fold((f64::MAX, 0f64), |(lo, hi), t| (lo.min(t), hi.max(t)));
+    let (y0, y1) = (lo / 1.5, hi * 1.5);
+    // Ticks at 1, 2 and 5 times each power of ten in range (a log axis alone labels only the
+    // powers of ten, often just one or two).
+    let mut y_ticks = Vec::new();
+    for e in (y0.log10().floor() as i32)..=(y1.log10().ceil() as i32) {
+        for m in [1.0, 2.0, 5.0] {
+            let v = m * 10f64.powi(e);
+            if (y0..=y1).contains(&v) {
+                y_ticks.push(v);
+            }
+        }
+    }
     let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -769,7 +781,7 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
             (c0 as f64 / 1.3..c1 as f64 * 1.3)
                 .log_scale()
                 .with_key_points(ctxs.iter().map(|&c| c as f64).collect()),
-            (lo / 1.5..hi * 1.5).log_scale(),
+            (y0..y1).log_scale().with_key_points(y_ticks),
         )?;
     chart
         .configure_mesh()
@@ -777,10 +789,10 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
         .y_desc("attention tokens/s (decode steps/s, log scale)")
         .x_label_formatter(&|x| fmt_ctx(x.round() as u32))
         .y_label_formatter(&|y| {
-            if *y >= 100.0 {
+            if *y >= 1.0 {
                 format!("{y:.0}")
             } else {
-                format!("{y:.1}")
+                format!("{y:.2}")
             }
         })
         .label_style(("sans-serif", 15))
