@@ -823,14 +823,14 @@ impl KvCache {
             .take();
         if slot.as_ref().map(|h| h.n) != Some(n) {
             let buf = |label| {
-                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
                     label: Some(label),
                     size: (k.len() * 4) as u64,
                     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 })
             };
-            let (kb, vb) = (buf("kvq host k"), buf("kvq host v"));
+            let (kb, vb) = (buf("kvq host k")?, buf("kvq host v")?);
             let input = self.append_input(&kb, &vb, n, InputType::F32)?;
             slot = Some(HostIo {
                 n,
@@ -872,7 +872,7 @@ impl KvCache {
         let mut guard = self.host_query.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             let buf = |label, usage| {
-                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
                     label: Some(label),
                     size: (want * 4) as u64,
                     usage,
@@ -882,13 +882,13 @@ impl KvCache {
             let q = buf(
                 "kvq host q",
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            );
+            )?;
             let out = buf(
                 "kvq host out",
                 wgpu::BufferUsages::STORAGE
                     | wgpu::BufferUsages::COPY_SRC
                     | wgpu::BufferUsages::COPY_DST,
-            );
+            )?;
             let io = self.attend_io(&q, &out)?;
             *guard = Some(HostQuery { q, out, io });
         }

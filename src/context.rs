@@ -271,6 +271,25 @@ impl GpuContext {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
+    /// Creates a buffer; one the device cannot allocate is [`KvqError::OutOfMemory`] (not the
+    /// device's uncaptured-error handler, which panics).
+    pub(crate) fn create_buffer_checked(
+        &self,
+        desc: &wgpu::BufferDescriptor<'_>,
+    ) -> Result<wgpu::Buffer> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(desc);
+        match pollster::block_on(scope.pop()) {
+            Some(e) => Err(KvqError::OutOfMemory {
+                adapter: self.info.name.clone(),
+                what: desc.label.unwrap_or("a buffer").into(),
+                needed: desc.size,
+                detail: e.to_string(),
+            }),
+            None => Ok(buf),
+        }
+    }
+
     /// Writes `data` into `buffer` at `offset` through the queue, counted as an upload.
     pub(crate) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
         self.counters.add_upload(data.len() as u64);
@@ -292,12 +311,12 @@ impl GpuContext {
 
     /// Copies `size` bytes of `src` at `offset` back to the host, counted as a download.
     pub(crate) fn read_back(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.create_buffer_checked(&wgpu::BufferDescriptor {
             label: Some("kvq readback"),
             size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        });
+        })?;
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
         self.submit_and_wait(enc.finish())?;

@@ -176,15 +176,16 @@ fn a_cache_past_the_memory_budget_is_a_typed_error_and_the_device_goes_on() {
             ctx.info.name,
         ),
     }
-    // The device goes on: a small cache fits in what headroom is left (or, when even that is
-    // gone, is refused with the same typed error), and works.
-    match KvCache::new(&ctx, CacheSpec::new(1, 4, 2, 64, 16)) {
-        Ok(mut small) => {
-            let tok = vec![1.0f32; 2 * 64];
-            small.append_host(0, &tok, &tok).expect("append");
-            let out = small.attend_host(0, &vec![0.5f32; 4 * 64]).expect("attend");
-            assert!(out.iter().all(|x| (x - 1.0).abs() < 1e-3));
-        }
+    // The device goes on: a small cache fits in what headroom is left and works (or, where
+    // even that is gone, is refused with the same typed error: no panic either way).
+    let small = || -> Result<Vec<f32>, KvqError> {
+        let mut small = KvCache::new(&ctx, CacheSpec::new(1, 4, 2, 64, 16))?;
+        let tok = vec![1.0f32; 2 * 64];
+        small.append_host(0, &tok, &tok)?;
+        small.attend_host(0, &vec![0.5f32; 4 * 64])
+    };
+    match small() {
+        Ok(out) => assert!(out.iter().all(|x| (x - 1.0).abs() < 1e-3)),
         Err(KvqError::OutOfMemory { .. }) => {}
         Err(e) => panic!("small cache: {e}"),
     }
