@@ -97,11 +97,17 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
 
         // The device's own list of allocations: one per buffer kvq owns, none left out.
         // (The append input's 16-byte uniform lives in host staging here: the cache holds it.)
+        // wgpu keeps that list on Vulkan (CI's lavapipe included) and D3D12; elsewhere (Metal,
+        // GL) only the checks above run, and the test says so.
         let (Some(before), Some(after)) = (before, kvq_allocations(&ctx)) else {
-            panic!(
-                "{name}: backend {:?} keeps no allocator report to check against",
-                ctx.info.backend
+            let b = ctx.info.backend;
+            assert!(
+                !matches!(b, wgpu::Backend::Vulkan | wgpu::Backend::Dx12),
+                "{name}: {b:?} should keep an allocator report"
             );
+            eprintln!("{name}: {b:?} keeps no allocator report; cross-check against it not run");
+            checked.push(name);
+            continue;
         };
         assert!(before.is_empty(), "fresh device");
         let alloc: u64 = after.iter().sum();
