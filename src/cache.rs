@@ -16,6 +16,8 @@ use crate::spec::CacheSpec;
 const SMALL_APPEND_MAX_TOKENS: u32 = 64;
 /// Words each invocation of the wide append handles at least.
 const WIDE_ITEMS: u32 = 16;
+/// Rows of a rotated codec each wide-append workgroup encodes (several cooperative passes).
+const COOP_ROWS: u32 = 16;
 /// Invocations per decode workgroup.
 const DECODE_WG: u32 = 128;
 /// Fewest tokens per decode split before fewer splits are used.
@@ -188,7 +190,7 @@ impl KvCache {
         for c in [spec.codecs.k, spec.codecs.v] {
             if !crate::kernels::gpu_supported(c) {
                 return Err(KvqError::InvalidSpec(format!(
-                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels yet; the GPU serves none, q8 and q4",
+                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels: the QJL-only configurations (0-bit codes) are for quality studies",
                     c.name()
                 )));
             }
@@ -268,17 +270,24 @@ impl KvCache {
         // must come back as this call's error too, not reach the device's uncaptured handler.
         let invalid_scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let n_lens = (spec.layers * spec.batch) as usize;
-        // Lengths then overflow flags, all zero: an empty cache.
-        let lens = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kvq lengths"),
-            size: (2 * n_lens * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE
+        // Lengths then overflow flags, all zero (an empty cache), then the codec constants
+        // (rotations, codebooks, QJL matrix) the kernels read.
+        let mut state = vec![0u32; 2 * n_lens];
+        state.extend(cfg.constants(spec.seed).iter().map(|c| c.to_bits()));
+        ctx.counters().add_upload(state.len() as u64 * 4);
+        let lens = init_buffer(
+            device,
+            "kvq lengths and codec constants",
+            bytemuck::cast_slice(&state),
+            wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        );
         let splits_total = cfg.splits_total() as u64;
-        let part_floats = spec.batch as u64 * spec.q_heads as u64 * splits_total * (d as u64 + 4);
+        let part_floats = spec.batch as u64
+            * spec.q_heads as u64
+            * splits_total
+            * (4 * cfg.v_columns() as u64 + 4);
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvq decode partials"),
             size: part_floats * 4,
@@ -391,7 +400,8 @@ impl KvCache {
     }
 
     /// Every byte of device memory this cache owns, by part: K and V codes, scales, norms and
-    /// row padding; lengths; decode scratch; parameter uniforms; host-API staging. Summed from
+    /// row padding; lengths; codec constants; decode scratch; parameter uniforms; host-API
+    /// staging. Summed from
     /// the sizes of the buffers it allocated; [`MemoryReport::total`] is all of them.
     pub fn memory(&self) -> MemoryReport {
         let d = self.spec.head_dim;
@@ -414,10 +424,14 @@ impl KvCache {
         if let Some(h) = &*self.host_query.lock().unwrap_or_else(|e| e.into_inner()) {
             host_staging += h.q.size() + h.out.size();
         }
+        // The lengths buffer holds the lengths and overflow flags, then the codec constants.
+        let state = part(OwnedPart::Lengths);
+        let lengths = state.min(8 * self.spec.layers as u64 * self.spec.batch as u64);
         MemoryReport {
             k: StoreBytes::of_rows(self.spec.codecs.k, d, k),
             v: StoreBytes::of_rows(self.spec.codecs.v, d, v),
-            lengths: part(OwnedPart::Lengths),
+            lengths,
+            constants: state - lengths,
             scratch: part(OwnedPart::Scratch),
             params: part(OwnedPart::Params),
             host_staging,
@@ -593,15 +607,24 @@ impl KvCache {
         let s = &self.spec;
         let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
             + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
-        let words = n as u64 * s.kv_heads as u64 * row_tasks as u64;
+        let tasks = n as u64 * s.kv_heads as u64 * row_tasks as u64;
         let max_groups = self
             .ctx
             .device
             .limits()
             .max_compute_workgroups_per_dimension as u64;
-        let items = (WIDE_ITEMS as u64).max(words.div_ceil(256 * max_groups)) as u32;
-        let wide_groups = words.div_ceil(256 * items as u64) as u32;
-        let params = self.uniform("kvq append params", [n, items, 0, 0])?;
+        let items = (WIDE_ITEMS as u64).max(tasks.div_ceil(256 * max_groups)) as u32;
+        // Rows a wide workgroup encodes cooperatively (rotated codecs): a few passes each.
+        let rows = n as u64 * s.kv_heads as u64;
+        let coop_rows = (COOP_ROWS as u64).max(rows.div_ceil(max_groups)) as u32;
+        let cooperative = s.codecs.k.kind.is_rotated() || s.codecs.v.kind.is_rotated();
+        let coop_groups = if cooperative {
+            rows.div_ceil(coop_rows as u64)
+        } else {
+            0
+        };
+        let wide_groups = tasks.div_ceil(256 * items as u64).max(coop_groups) as u32;
+        let params = self.uniform("kvq append params", [n, items, coop_rows, 0])?;
         let bind_group = self.bind(
             "kvq append input",
             &self.pipes.append_input,

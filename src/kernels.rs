@@ -5,7 +5,7 @@
 //! shape into constants lets the compiler unroll the head loops and size workgroup arrays, and
 //! makes every exported shader self-contained.
 
-use crate::codec::{Codec, CodecKind};
+use crate::codec::{Codec, CodecKind, ScaleMode, lloyd, rotation};
 use crate::error::{KvqError, Result};
 
 const COMMON: &str = include_str!("../wgsl/common.wgsl");
@@ -13,6 +13,11 @@ const APPEND: &str = include_str!("../wgsl/append.wgsl");
 const DECODE: &str = include_str!("../wgsl/decode.wgsl");
 const CODEC_F16: &str = include_str!("../wgsl/codec_f16.wgsl");
 const CODEC_SYM: &str = include_str!("../wgsl/codec_sym.wgsl");
+const CODEC_ROT: &str = include_str!("../wgsl/codec_rot.wgsl");
+const ROTATE: &str = include_str!("../wgsl/rotate.wgsl");
+const ENCODE_ROWS: &str = include_str!("../wgsl/encode_rows.wgsl");
+const READ_K_ROT: &str = include_str!("../wgsl/read_k_rot.wgsl");
+const READ_V_ROT: &str = include_str!("../wgsl/read_v_rot.wgsl");
 const READ_K_F16: &str = include_str!("../wgsl/read_k_f16.wgsl");
 const READ_V_F16: &str = include_str!("../wgsl/read_v_f16.wgsl");
 const READ_K_Q8: &str = include_str!("../wgsl/read_k_q8.wgsl");
@@ -95,15 +100,66 @@ impl KernelConfig {
         h += &c("KU", k_unroll(self.head_dim));
         h += &c("VU", V_UNROLL);
         h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
-        for (side, codec) in [("K", self.k), ("V", self.v)] {
+        let cst = self.constant_offsets();
+        for (side, codec, off) in [("K", self.k, cst.k), ("V", self.v, cst.v)] {
             let d = self.head_dim;
-            let layout = codec.layout(d).expect("codec checked by KvCache::new");
-            h += &c(&format!("{side}_WORDS"), layout.words);
-            h += &c(&format!("{side}_BITS"), layout.code_bits);
-            h += &c(&format!("{side}_SIDE_WORD"), layout.side_offset_bits / 32);
+            let l = codec.layout(d).expect("codec checked by KvCache::new");
+            let b = |name: &str, v: bool| format!("const {side}_{name}: bool = {v};\n");
+            h += &c(&format!("{side}_WORDS"), l.words);
+            h += &c(&format!("{side}_BITS"), l.code_bits);
+            h += &c(&format!("{side}_SIDE_WORD"), l.side_offset_bits / 32);
+            h += &c(&format!("{side}_SIDE_BIT"), l.side_offset_bits);
+            h += &c(&format!("{side}_NSIDE"), l.n_side);
+            h += &c(&format!("{side}_NC"), l.n_codes);
+            h += &c(
+                &format!("{side}_CODE_WORDS"),
+                (l.n_codes * l.code_bits).div_ceil(32),
+            );
             h += &c(&format!("{side}_TASKS"), encode_tasks(codec, d));
-            h += &format!("const {side}_INTERLEAVED: bool = {};\n", side == "K");
+            h += &c(&format!("{side}_KIND"), kind_id(codec.kind));
+            h += &c(&format!("{side}_ROT"), off.rot);
+            h += &c(&format!("{side}_LV"), off.levels);
+            h += &c(&format!("{side}_BD"), off.bounds);
+            h += &c(
+                &format!("{side}_QJL_WORD"),
+                l.qjl_offset_bits.unwrap_or(0) / 32,
+            );
+            h += &c(&format!("{side}_QJL_NORM_BIT"), l.qjl_norm_offset_bits);
+            h += &b("INTERLEAVED", side == "K");
+            h += &b("ROTATED", codec.kind.is_rotated());
+            h += &b(
+                "BLOCK32",
+                codec.kind.is_rotated() && codec.scale == ScaleMode::Block32,
+            );
+            h += &b("QJL", codec.qjl);
         }
+        h += &c("QJL_S", cst.qjl);
+        h += &c("CST", 2 * self.layers * self.batch);
+        h += &c("VC", self.v_columns());
+        h += &c(
+            "QSH",
+            if self.k.kind.is_rotated() {
+                1
+            } else {
+                self.gqa * self.head_dim / 4
+            },
+        );
+        h += &c(
+            "SQN",
+            if self.k.qjl {
+                self.gqa * self.head_dim
+            } else {
+                1
+            },
+        );
+        h += &c("RW", self.rot_width());
+        h += &c("ER", self.encode_rows());
+        h += &c("RROWS", self.gqa.max(self.encode_rows()));
+        h += &c("SIDE_MAX", self.side_max());
+        h += &format!(
+            "const COOP: bool = {};\n",
+            self.k.kind.is_rotated() || self.v.kind.is_rotated()
+        );
         h += &format!("const SCALE: f32 = {:e};\n", self.scale);
         h
     }
@@ -132,8 +188,9 @@ impl KernelConfig {
             Side::V => (self.v, "v", "V", "2", "2"),
         };
         let mut src = match codec.kind {
+            CodecKind::None => CODEC_F16,
             CodecKind::Sym => CODEC_SYM,
-            _ => CODEC_F16,
+            _ => CODEC_ROT,
         };
         if attend_only {
             src = &src[..src.find("// @ENCODER@").unwrap_or(src.len())];
@@ -148,14 +205,15 @@ impl KernelConfig {
     /// The decode readers (`k_scores`, `v_load`) for this cache's codecs.
     fn readers(&self) -> String {
         let k = match (self.k.kind, self.k.bits) {
+            (CodecKind::None, _) => READ_K_F16,
             (CodecKind::Sym, 8) => READ_K_Q8,
             (CodecKind::Sym, _) => READ_K_Q4,
-            _ => READ_K_F16,
+            _ => READ_K_ROT,
         };
-        let v = if self.v.kind == CodecKind::Sym {
-            READ_V_SYM
-        } else {
-            READ_V_F16
+        let v = match self.v.kind {
+            CodecKind::None => READ_V_F16,
+            CodecKind::Sym => READ_V_SYM,
+            _ => READ_V_ROT,
         };
         format!("{k}\n{v}")
     }
@@ -163,7 +221,7 @@ impl KernelConfig {
     /// Source of the append kernels (`append_small`, `append_wide`, `append_commit`).
     pub fn append_source(&self, input: InputType) -> String {
         format!(
-            "{}{}\n{COMMON}\n{}\n{}\n{APPEND}",
+            "{}{}\n{COMMON}\n{ROTATE}\n{ENCODE_ROWS}\n{}\n{}\n{APPEND}",
             self.header(),
             Self::input_reader(input),
             self.side_source(Side::K, "read_write", false),
@@ -174,7 +232,7 @@ impl KernelConfig {
     /// Source of the attend kernels (`split`, `reduce`).
     pub fn decode_source(&self) -> String {
         let src = format!(
-            "{}\n{COMMON}\n{}\n{}\n{}\n{ATTEND_ONLY}\n{DECODE}",
+            "{}\n{COMMON}\n{ROTATE}\n{}\n{}\n{}\n{ATTEND_ONLY}\n{DECODE}",
             self.header(),
             self.side_source(Side::K, "read", true),
             self.side_source(Side::V, "read", true),
@@ -187,7 +245,7 @@ impl KernelConfig {
     /// `reduce` commits the length): the attend kernels with the store and lengths writable.
     pub fn step_source(&self, input: InputType) -> String {
         let src = format!(
-            "{}{}\n{COMMON}\n{}\n{}\n{}\n{STEP}\n{}",
+            "{}{}\n{COMMON}\n{ROTATE}\n{ENCODE_ROWS}\n{}\n{}\n{}\n{STEP}\n{}",
             self.header(),
             Self::input_reader(input),
             self.side_source(Side::K, "read_write", false),
@@ -209,10 +267,152 @@ impl KernelConfig {
         ]
     }
 
-    /// Workgroup memory the decode `split` kernel declares, in bytes.
+    /// Workgroup memory the `split` kernel of the fused step declares (the larger of the two
+    /// split kernels), in bytes.
     pub fn split_workgroup_bytes(&self) -> u32 {
         let (g, d, wg) = (self.gqa, self.head_dim, self.workgroup);
-        4 * (2 * g * d + 2 * g * wg + g + 1)
+        let qsh = if self.k.kind.is_rotated() {
+            1
+        } else {
+            g * d / 4
+        };
+        let sqn = if self.k.qjl { g * d } else { 1 };
+        let (er, rw) = (self.encode_rows(), self.rot_width());
+        let floats = 4 * qsh // q_sh
+            + sqn
+            + 2 * g * wg // s_sh, p_sh
+            + 4 * g * self.v_columns() // comb
+            + g + 1 // lcomb, len_sh
+            + 32 // level tables
+            + g.max(er) * rw // rot_sh
+            + er * (2 * rw + self.side_max() + 4); // encoder rows
+        4 * floats
+    }
+
+    /// Value columns (4 values each) of the V accumulators and partials: `D / 4`, or a rotated
+    /// V codec's `ceil(n_codes / 4)` (its output is un-rotated in the reduce).
+    pub fn v_columns(&self) -> u32 {
+        if self.v.kind.is_rotated() {
+            n_codes(self.v, self.head_dim).div_ceil(4)
+        } else {
+            self.head_dim / 4
+        }
+    }
+
+    /// Row width of the rotation scratch: the largest rotated side's `n_codes`, padded to a
+    /// multiple of 32 (4 when no side is rotated).
+    fn rot_width(&self) -> u32 {
+        [self.k, self.v]
+            .into_iter()
+            .filter(|c| c.kind.is_rotated())
+            .map(|c| n_codes(c, self.head_dim).next_multiple_of(32))
+            .max()
+            .unwrap_or(4)
+    }
+
+    /// Rows a workgroup encodes at once (rotated codecs): about 256 values per pass.
+    fn encode_rows(&self) -> u32 {
+        (256 / self.rot_width()).clamp(1, 4)
+    }
+
+    /// Most f16 sideband values of a row on either side.
+    fn side_max(&self) -> u32 {
+        [self.k, self.v]
+            .into_iter()
+            .map(|c| c.layout(self.head_dim).map(|l| l.n_side).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
+    /// Where each rotated side's coefficients, levels and boundaries, and the QJL matrix,
+    /// lie in the codec constants (f32 indices after the lengths and overflow flags).
+    fn constant_offsets(&self) -> ConstantOffsets {
+        let d = self.head_dim;
+        let mut at = 0;
+        let mut side = |c: Codec| {
+            let rot = at;
+            at += match c.kind {
+                CodecKind::Turbo => d,
+                CodecKind::Rotor => 9 * d.div_ceil(3),
+                CodecKind::Iso => 4 * d,
+                _ => 0,
+            };
+            let levels = at;
+            at += if c.kind.is_rotated() { 32 } else { 0 };
+            SideOffsets {
+                rot,
+                levels,
+                bounds: levels + 16,
+            }
+        };
+        let (k, v) = (side(self.k), side(self.v));
+        ConstantOffsets {
+            k,
+            v,
+            qjl: at,
+            len: at + if self.k.qjl { d * d } else { 0 },
+        }
+    }
+
+    /// The codec constants the kernels read (rotation coefficients, Lloyd–Max levels and
+    /// boundaries, QJL matrix: exactly the CPU reference's f32 arrays for `seed`), as stored
+    /// after the lengths and overflow flags in the lengths buffer.
+    pub fn constants(&self, seed: u64) -> Vec<f32> {
+        let d = self.head_dim as usize;
+        let off = self.constant_offsets();
+        let mut out = vec![0.0f32; off.len as usize];
+        for (c, o) in [(self.k, off.k), (self.v, off.v)] {
+            if !c.kind.is_rotated() {
+                continue;
+            }
+            let rot: Vec<f32> = match c.kind {
+                CodecKind::Turbo => rotation::turbo_signs(seed, d),
+                CodecKind::Rotor => rotation::rotor_matrices(seed, d).concat(),
+                _ => rotation::iso_matrices(seed, d).concat(),
+            };
+            out[o.rot as usize..][..rot.len()].copy_from_slice(&rot);
+            let cb = lloyd::codebook(c.bits);
+            let lv = cb.levels_f32();
+            out[o.levels as usize..][..lv.len()].copy_from_slice(&lv);
+            let bd = cb.boundaries_f32();
+            out[o.bounds as usize..][..bd.len()].copy_from_slice(&bd);
+        }
+        if self.k.qjl {
+            let s = rotation::qjl_matrix(seed, d, d);
+            out[off.qjl as usize..][..s.len()].copy_from_slice(&s);
+        }
+        out
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SideOffsets {
+    rot: u32,
+    levels: u32,
+    bounds: u32,
+}
+
+#[derive(Clone, Copy)]
+struct ConstantOffsets {
+    k: SideOffsets,
+    v: SideOffsets,
+    qjl: u32,
+    len: u32,
+}
+
+fn n_codes(c: Codec, head_dim: u32) -> u32 {
+    c.layout(head_dim).map(|l| l.n_codes).unwrap_or(head_dim)
+}
+
+/// The codec family as the kernels' `K_KIND` / `V_KIND` number.
+fn kind_id(kind: CodecKind) -> u32 {
+    match kind {
+        CodecKind::None => 0,
+        CodecKind::Sym => 1,
+        CodecKind::Turbo => 2,
+        CodecKind::Rotor => 3,
+        CodecKind::Iso => 4,
     }
 }
 
@@ -222,22 +422,21 @@ enum Side {
     V,
 }
 
-/// Encode tasks per stored row (each task writes whole words): a word per task for f16, a
-/// pair of 32-value blocks (their code words and shared scale word) for q8/q4.
+/// Independent encode tasks per stored row (each task writes whole words): a word per task
+/// for f16, a pair of 32-value blocks (their code words and shared scale word) for q8/q4.
+/// Rotated codecs have none: the workgroup encodes their rows together (`encode_rows`).
 pub(crate) fn encode_tasks(codec: Codec, head_dim: u32) -> u32 {
     match codec.kind {
+        CodecKind::None => head_dim / 2,
         CodecKind::Sym => head_dim.div_ceil(64),
-        _ => head_dim / 2,
+        _ => 0,
     }
 }
 
-/// Whether the GPU kernels serve `codec` (the others have a CPU reference only, so far).
+/// Whether the GPU kernels serve `codec`: every codec but the QJL-only quality configuration
+/// (`turbo0+qjl` and the like, 0-bit codes), which has a CPU reference only.
 pub fn gpu_supported(codec: Codec) -> bool {
-    match codec.kind {
-        CodecKind::None => true,
-        CodecKind::Sym => !codec.qjl,
-        _ => false,
-    }
+    codec.validate().is_ok() && codec.bits > 0
 }
 
 /// K chunks (16 bytes each) one thread loads together before using them (`$u` lines).
@@ -248,14 +447,22 @@ pub(crate) fn k_unroll(head_dim: u32) -> u32 {
 /// V rows one thread loads together before using them (`$v` lines).
 pub(crate) const V_UNROLL: u32 = 8;
 
+/// Groups of 4 codes in a block of 32 codes of a rotated K row (`$k` lines).
+const CODE_GROUPS: u32 = 8;
+
 /// Unrolls the WGSL: every line holding `$g` is repeated once per query head of the GQA group
-/// (`$g` -> 0, 1, ...), and likewise `$u` per K chunk of a load batch and `$v` per V row of a
-/// load batch. Per-head state then lives in named registers rather than in a private array
+/// (`$g` -> 0, 1, ...), and likewise `$u` per K chunk of a load batch, `$v` per V row of a
+/// load batch and `$k` per group of 4 codes in a 32-code block. Per-head state then lives in named registers rather than in a private array
 /// indexed at run time (which most GPU compilers spill to memory), and load batches are
 /// explicit so many loads are in flight before their math.
 pub(crate) fn expand(src: &str, gqa: u32, k_unroll: u32, v_unroll: u32) -> String {
     let mut lines: Vec<String> = src.lines().map(str::to_string).collect();
-    for (token, n) in [("$g", gqa), ("$u", k_unroll), ("$v", v_unroll)] {
+    for (token, n) in [
+        ("$g", gqa),
+        ("$u", k_unroll),
+        ("$v", v_unroll),
+        ("$k", CODE_GROUPS),
+    ] {
         lines = lines
             .into_iter()
             .flat_map(|l| {

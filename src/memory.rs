@@ -81,6 +81,9 @@ pub struct MemoryReport {
     pub v: StoreBytes,
     /// Sequence lengths and overflow flags on the GPU.
     pub lengths: u64,
+    /// Codec constants the kernels read (rotations, codebooks, QJL matrix; 0 for `none` and
+    /// the sym codecs).
+    pub constants: u64,
     /// Scratch: the decode split partials (per query head and split: output, max, sum).
     pub scratch: u64,
     /// Uniform parameter buffers (one per storage segment of each layer).
@@ -118,7 +121,12 @@ impl MemoryReport {
 
     /// Every byte of every part.
     pub fn total(&self) -> u64 {
-        self.store() + self.lengths + self.scratch + self.params + self.host_staging
+        self.store()
+            + self.lengths
+            + self.constants
+            + self.scratch
+            + self.params
+            + self.host_staging
     }
 }
 
@@ -144,7 +152,7 @@ impl fmt::Display for MemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} = K codes {} + V codes {} + scales {} + norms {} + padding {} + lengths {} + scratch {} + params {}",
+            "{} = K codes {} + V codes {} + scales {} + norms {} + padding {} + lengths {} + constants {} + scratch {} + params {}",
             fmt_bytes(self.total()),
             fmt_bytes(self.k.codes),
             fmt_bytes(self.v.codes),
@@ -152,6 +160,7 @@ impl fmt::Display for MemoryReport {
             fmt_bytes(self.norms()),
             fmt_bytes(self.padding()),
             fmt_bytes(self.lengths),
+            fmt_bytes(self.constants),
             fmt_bytes(self.scratch),
             fmt_bytes(self.params),
         )?;

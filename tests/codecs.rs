@@ -50,7 +50,41 @@ fn check_attention(cache: &KvCache, rng: &mut Rng, layer: u32) -> f64 {
             .iter()
             .map(|&x| x as f64)
             .collect();
-        let want = reference::attention(&qb, &k, &v, qh, kvh, d, s.softmax_scale() as f64);
+        let want = if s.codecs.k.qjl {
+            // Scores from the QJL estimator, which the GPU computes from the sign bits.
+            let g = qh / kvh;
+            let mut out = vec![0.0; qh * d];
+            for hq in 0..qh {
+                let h = hq / g;
+                let qv = &qb[hq * d..(hq + 1) * d];
+                let rows: Vec<&[u32]> = (0..len)
+                    .map(|t| {
+                        let r = (b * kvh + h) * s.capacity as usize + t;
+                        &krows[r * kw..(r + 1) * kw]
+                    })
+                    .collect();
+                let sc: Vec<f64> = rows
+                    .iter()
+                    .map(|row| kref.ip_estimate(row, qv) * s.softmax_scale() as f64)
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let mut l = 0.0;
+                for (t, &st) in sc.iter().enumerate() {
+                    let p = (st - m).exp();
+                    l += p;
+                    for (o, x) in out[hq * d..(hq + 1) * d]
+                        .iter_mut()
+                        .zip(&v[(t * kvh + h) * d..][..d])
+                    {
+                        *o += p * x;
+                    }
+                }
+                out[hq * d..(hq + 1) * d].iter_mut().for_each(|o| *o /= l);
+            }
+            out
+        } else {
+            reference::attention(&qb, &k, &v, qh, kvh, d, s.softmax_scale() as f64)
+        };
         worst = worst.max(rel_err(&out[b * qh * d..(b + 1) * qh * d], &want));
     }
     worst
@@ -138,6 +172,14 @@ fn attention_over_quantized_store_matches_reference() {
         "k_q4",
         "k=none,v=q4",
         "k=q4,v=q8",
+        "turbo3_sym",
+        "rotor3_sym",
+        "iso4_sym",
+        "k=turbo2b,v=rotor4b",
+        "k=iso3b+qjl,v=none",
+        "k=rotor4+qjl,v=turbo4",
+        "k=q8,v=iso3",
+        "k_turbo3+qjl",
     ];
     for (i, name) in names.into_iter().enumerate() {
         for &(d, g) in &[shapes[i % 4], shapes[(i + 1) % 4]] {
@@ -164,7 +206,12 @@ fn attention_over_quantized_store_matches_reference() {
 fn fused_step_with_quantized_codecs() {
     use kvq::InputType;
     let dev = &ctx().device;
-    for name in ["q8_sym", "k=q4,v=none"] {
+    for name in [
+        "q8_sym",
+        "k=q4,v=none",
+        "turbo3_sym",
+        "k=rotor3b+qjl,v=iso4",
+    ] {
         let codecs = KvCodecs::parse(name).unwrap();
         let mut spec = CacheSpec::new(1, 8, 2, 128, 150)
             .with_codecs(codecs)
@@ -202,5 +249,134 @@ fn fused_step_with_quantized_codecs() {
             assert!(e <= TOL, "{name}: rel err {e:e}");
         }
         assert_eq!(cache.read_gpu_lengths().unwrap().0, vec![70, 70]);
+    }
+}
+
+/// Whether `t` lies within a rounding hair of one of the codebook's f32 boundaries (where
+/// f32 GPU arithmetic and the f64 reference may fairly pick neighbouring codes).
+fn near_boundary(bits: u8, t: f64) -> bool {
+    kvq::codec::codebook(bits)
+        .boundaries_f32()
+        .iter()
+        .any(|&b| (t - b as f64).abs() <= 1e-4 * t.abs().max(1.0))
+}
+
+/// Compares one GPU row with the reference encoding of `x`. Returns false only for a real
+/// difference: a code, sign bit or scale that differs without the reference value sitting at
+/// a rounding boundary. Ties are counted in `ties`.
+fn row_matches(r: &CodecRef, x: &[f32], got: &[u32], ties: &mut usize) -> bool {
+    let want = r.encode(x);
+    if got == want.as_slice() {
+        return true;
+    }
+    *ties += 1;
+    let (gs, ws) = (r.scales(got), r.scales(&want));
+    for (a, b) in gs.iter().zip(&ws) {
+        // One f16 step apart at most (the norm rounded differently in f32).
+        if (a - b).abs() > b.abs() * 1.0e-3 + 1e-7 {
+            return false;
+        }
+    }
+    if gs != ws {
+        return true; // every code may shift with the scale; attention tests cover the row
+    }
+    let l = r.layout();
+    let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let y = r.rotate(&xd);
+    let block = l.side_block as usize;
+    for (i, (cg, cw)) in r.codes(got).iter().zip(r.codes(&want)).enumerate() {
+        if *cg != cw {
+            let s = ws[i / block];
+            let t = if s > 0.0 { y[i] / s } else { 0.0 };
+            if cg.abs_diff(cw) != 1 || !near_boundary(r.codec().bits, t) {
+                eprintln!("code {i}: gpu {cg} ref {cw} t {t}");
+                return false;
+            }
+        }
+    }
+    if let Some(off) = l.qjl_offset_bits {
+        // Sign bits of S r may flip only where (S r)_j is ~0.
+        let xhat = r.decode(&want);
+        let n = xd.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let res: Vec<f64> = xd.iter().zip(&xhat).map(|(a, b)| (a - b) / n).collect();
+        let sr = r.qjl_project(&res);
+        let rn = res.iter().map(|v| v * v).sum::<f64>().sqrt();
+        for (j, v) in sr.iter().enumerate() {
+            let bit = |row: &[u32]| kvq::codec::get_bits(row, off + j as u32, 1);
+            if bit(got) != bit(&want) && v.abs() > 1e-4 * rn.max(1e-30) * 10.0 {
+                eprintln!("qjl bit {j}: (S r)_j = {v}");
+                return false;
+            }
+        }
+        let half = |row: &[u32]| kvq::codec::get_bits(row, l.qjl_norm_offset_bits, 16);
+        let (a, b) = (half(got) as i32, half(&want) as i32);
+        if (a - b).abs() > 1 {
+            return false;
+        }
+    }
+    true
+}
+
+/// Rotated codecs (turbo, rotor, iso; per-vector and per-block scales; QJL): the GPU encoder
+/// (small, wide and fused-step paths) writes the reference's rows, ties at boundaries aside.
+#[test]
+fn rotated_encode_matches_reference() {
+    let names = [
+        ("turbo3_sym", 128u32),
+        ("turbo2_sym", 96),
+        ("rotor3_sym", 128),
+        ("rotor4b_sym", 64),
+        ("iso4_sym", 256),
+        ("iso3b_sym", 128),
+        ("k=turbo4b+qjl,v=rotor2", 64),
+        ("k=rotor3+qjl,v=iso1", 96),
+        ("k=iso3+qjl,v=turbo1b", 128),
+    ];
+    for (name, d) in names {
+        let codecs = KvCodecs::parse(name).unwrap();
+        let spec = CacheSpec::new(1, 4, 2, d, 80)
+            .with_codecs(codecs)
+            .with_splits(2);
+        let mut cache = KvCache::new(ctx(), spec.clone()).unwrap();
+        let mut rng = Rng(d as u64 + 5);
+        let n = 70; // the wide append path
+        let len = n * 2 * d as usize;
+        let k: Vec<f32> = (0..len)
+            .map(|i| rng.normal() * if i % 29 == 0 { 8.0 } else { 1.0 })
+            .collect();
+        let v = rng.normals(len, 1.0);
+        cache.append_host(0, &k, &v).unwrap();
+        // The small path, with a zero row (scale 0) in it.
+        let mut k1 = k[..2 * d as usize].to_vec();
+        k1[..d as usize].iter_mut().for_each(|x| *x = 0.0);
+        cache.append_host(0, &k1, &v[..2 * d as usize]).unwrap();
+        let (krows, vrows) = cache.read_rows(0).unwrap();
+        let kref = CodecRef::new(codecs.k, d, spec.seed).unwrap();
+        let vref = CodecRef::new(codecs.v, d, spec.seed).unwrap();
+        let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
+        let (mut rows, mut ties) = (0, 0);
+        for t in 0..=n {
+            for h in 0..2usize {
+                let x = |src: &[f32]| {
+                    let i = if t < n { t * 2 + h } else { h };
+                    src[i * d as usize..(i + 1) * d as usize].to_vec()
+                };
+                let kx = if t < n { x(&k) } else { x(&k1) };
+                let r = h * 80 + t;
+                rows += 2;
+                assert!(
+                    row_matches(&kref, &kx, &krows[r * kw..(r + 1) * kw], &mut ties),
+                    "{name} d={d}: K row {r} differs from the reference"
+                );
+                assert!(
+                    row_matches(&vref, &x(&v), &vrows[r * vw..(r + 1) * vw], &mut ties),
+                    "{name} d={d}: V row {r} differs from the reference"
+                );
+            }
+        }
+        assert!(
+            ties * 20 <= rows,
+            "{name} d={d}: {ties} of {rows} rows differ (at boundaries) from the reference"
+        );
     }
 }

@@ -33,9 +33,21 @@ fn spec(codecs: &str) -> CacheSpec {
 fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
     let shared = common::ctx();
     let mut checked = Vec::new();
-    // Each case builds its kernels on a fresh device (slow on a CPU driver): f16, and q4 K with
-    // q8 V (scales on both sides, two row sizes).
-    for name in ["none", "k=q4,v=q8"] {
+    // Bytes of one row at D = 64 by part, worked out by hand from the row layout contract
+    // (kvq::codec docs): (codes, scales, norms, padding) for K, then for V.
+    type Row = (u64, u64, u64, u64);
+    let cases: [(&str, Row, Row); 3] = [
+        // f16: 64 values x 2 bytes.
+        ("none", (128, 0, 0, 0), (128, 0, 0, 0)),
+        // q4 K: 32 B of nibbles + 2 f16 block scales; q8 V: 64 B + 2 scales.
+        ("k=q4,v=q8", (32, 4, 0, 0), (64, 4, 0, 0)),
+        // turbo3+qjl K: 192 code bits + 64 QJL sign bits = 32 B; f16 norm and f16 residual
+        // norm; 304 bits used of 10 words (4 B padding). iso3b V: 24 B of codes + 2 block
+        // scales = 7 words exactly.
+        ("k=turbo3+qjl,v=iso3b", (32, 0, 4, 4), (24, 4, 0, 0)),
+    ];
+    // Each case builds its kernels on a fresh device (slow on a CPU driver).
+    for (name, k_row, v_row) in cases {
         let codecs = KvCodecs::parse(name).expect("codec name");
         // A fresh device per cache, so its allocator report holds this cache's buffers only.
         let ctx = GpuContext::new().expect("GPU tests need an adapter");
@@ -61,6 +73,7 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
                 + m.v.norms
                 + m.v.padding
                 + m.lengths
+                + m.constants
                 + m.scratch
                 + m.params
                 + m.host_staging,
@@ -69,25 +82,23 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
         assert_eq!(m.store(), cache.store_bytes(), "{name}: store parts");
 
         // Independent arithmetic: 2 layers x 2 segments x 2 heads x 64 positions = 512 rows per
-        // side; one f16 scale per 32 values for q8/q4; lengths + overflow flags of 2 layers.
+        // side; lengths + overflow flags of 2 layers.
         let rows = 512u64;
-        for (side, c, got) in [("K", codecs.k, m.k), ("V", codecs.v, m.v)] {
-            let row_bytes = c.row_words(64) as u64 * 4;
-            assert_eq!(got.total(), rows * row_bytes, "{name} {side} store");
-            let scales = if c == kvq::Codec::NONE {
-                0
-            } else {
-                rows * 2 * 2
-            };
-            assert_eq!(got.scales, scales, "{name} {side} scales");
-            assert_eq!(got.norms, 0, "{name} {side}: q8/q4/none have no norms");
+        for (side, c, row, got) in [("K", codecs.k, k_row, m.k), ("V", codecs.v, v_row, m.v)] {
             assert_eq!(
-                got.codes,
-                rows * 64 * c.bits as u64 / 8,
-                "{name} {side} codes"
+                (got.codes, got.scales, got.norms, got.padding),
+                (rows * row.0, rows * row.1, rows * row.2, rows * row.3),
+                "{name} {side}: (codes, scales, norms, padding)"
+            );
+            assert_eq!(
+                got.total(),
+                rows * c.row_words(64) as u64 * 4,
+                "{name} {side}"
             );
         }
         assert_eq!(m.lengths, 2 * 2 * 4, "{name} lengths");
+        let rotated = codecs.k.kind.is_rotated() || codecs.v.kind.is_rotated();
+        assert_eq!(m.constants > 0, rotated, "{name}: codec constants");
         assert_eq!(
             m.params,
             2 * 2 * 32,
@@ -122,7 +133,7 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
         );
         checked.push(name);
     }
-    assert_eq!(checked.len(), 2, "on '{}'", shared.info.name);
+    assert_eq!(checked.len(), cases.len(), "on '{}'", shared.info.name);
 }
 
 #[test]

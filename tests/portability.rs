@@ -11,9 +11,22 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 fn configs() -> Vec<KernelConfig> {
     let mut v = Vec::new();
-    let q8 = kvq::KvCodecs::parse("q8_sym").unwrap();
-    let mixed = kvq::KvCodecs::parse("k=q4,v=none").unwrap();
-    let pairs = [(Codec::NONE, Codec::NONE), (q8.k, q8.v), (mixed.k, mixed.v)];
+    let pairs: Vec<(Codec, Codec)> = [
+        "none",
+        "q8_sym",
+        "k=q4,v=none",
+        "turbo3_sym",
+        "k=rotor3b,v=iso4",
+        "k=iso3+qjl,v=turbo2",
+        "k=rotor4+qjl,v=rotor3b",
+        "k=turbo4b+qjl,v=q4",
+    ]
+    .iter()
+    .map(|n| {
+        let c = kvq::KvCodecs::parse(n).unwrap();
+        (c.k, c.v)
+    })
+    .collect();
     let shapes = [
         (64u32, 1u32),
         (96, 2),
@@ -22,23 +35,24 @@ fn configs() -> Vec<KernelConfig> {
         (128, 8),
         (64, 8),
     ];
-    for (i, &(d, g)) in shapes.iter().enumerate() {
-        let (k, vc) = pairs[i % pairs.len()];
-        v.push(KernelConfig {
-            head_dim: d,
-            gqa: g,
-            kv_heads: 8 / g.min(8),
-            batch: 2,
-            capacity: 4096,
-            layers: 3,
-            splits: 16,
-            segments: 2,
-            min_chunk: 32,
-            scale: 1.0 / (d as f32).sqrt(),
-            workgroup: 128,
-            k,
-            v: vc,
-        });
+    for (i, &(k, vc)) in pairs.iter().enumerate() {
+        for (d, g) in [shapes[i % shapes.len()], shapes[(i + 3) % shapes.len()]] {
+            v.push(KernelConfig {
+                head_dim: d,
+                gqa: g,
+                kv_heads: 8 / g.min(8),
+                batch: 2,
+                capacity: 4096,
+                layers: 3,
+                splits: 16,
+                segments: 2,
+                min_chunk: 32,
+                scale: 1.0 / (d as f32).sqrt(),
+                workgroup: 128,
+                k,
+                v: vc,
+            });
+        }
     }
     v
 }

@@ -14,9 +14,10 @@
 
 struct Input {
     n: u32,
-    // Words per invocation of append_wide.
+    // Tasks per invocation of append_wide.
     items: u32,
-    _pad1: u32,
+    // Rows each append_wide workgroup encodes cooperatively (rotated codecs).
+    coop_rows: u32,
     _pad2: u32,
 }
 @group(1) @binding(0) var<storage, read> k_in: array<IN_T>;
@@ -27,25 +28,54 @@ const APPEND_WG: u32 = 256u;
 var<workgroup> base_sh: u32;
 
 // Encode tasks per new row: K_TASKS for K then V_TASKS for V (a word for f16, a pair of
-// 32-value blocks for q8/q4; each task owns whole words).
+// 32-value blocks for q8/q4; each task owns whole words). A rotated side has no tasks: its
+// rows are encoded by the whole workgroup (encode_rows), up to ER at a time.
 const ROW_TASKS: u32 = K_TASKS + V_TASKS;
+// The divisor for task indices (never zero, even when no task exists).
+const TASK_DIV: u32 = max(ROW_TASKS, 1u);
 
 // Runs task i (of n * KVH * ROW_TASKS) of sequence b's new rows, whose first position is
 // `base`, if its position lies in this segment.
 fn write_task(b: u32, base: u32, i: u32) {
-    let t = i / (KVH * ROW_TASKS);
+    let t = i / (KVH * TASK_DIV);
     let pos = base + t;
     if pos < seg.seg_start || pos >= seg.seg_start + seg.seg_tokens {
         return;
     }
-    let h = (i / ROW_TASKS) % KVH;
-    let task = i % ROW_TASKS;
+    let h = (i / TASK_DIV) % KVH;
+    let task = i % TASK_DIV;
     let row = seg_row(b, h, pos, seg);
     let src = ((b * input.n + t) * KVH + h) * (D / 2u);
     if task < K_TASKS {
         encode_k(row, src, task);
     } else {
         encode_v(row, src, task - K_TASKS);
+    }
+}
+
+// Lists new rows r0 .. r0 + nr (row i = token i / KVH, head i % KVH) of sequence b for
+// encode_rows; rows outside this segment are computed but not written.
+fn list_rows(lid: u32, b: u32, base: u32, r0: u32, nr: u32) {
+    if lid < nr {
+        let i = r0 + lid;
+        let t = i / KVH;
+        let h = i % KVH;
+        let pos = base + t;
+        var dst = NO_ROW;
+        if pos >= seg.seg_start && pos < seg.seg_start + seg.seg_tokens {
+            dst = seg_row(b, h, pos, seg);
+        }
+        enc_dst[lid] = dst;
+        enc_src[lid] = ((b * input.n + t) * KVH + h) * (D / 2u);
+    }
+}
+
+// Cooperatively encodes rows [first, last) of sequence b (uniform arguments).
+fn encode_range(lid: u32, b: u32, base: u32, first: u32, last: u32) {
+    for (var r0 = first; r0 < last; r0 += ER) {
+        let nr = min(ER, last - r0);
+        list_rows(lid, b, base, r0, nr);
+        encode_rows(lid, APPEND_WG, nr);
     }
 }
 
@@ -71,6 +101,9 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
         for (var i = lid; i < input.n * KVH * ROW_TASKS; i += APPEND_WG) {
             write_task(b, base, i);
         }
+        if COOP {
+            encode_range(lid, b, base, 0u, input.n * KVH);
+        }
     }
     // Only invocation 0 touches the length, and it read it above: no other ordering needed.
     if lid == 0u && seg.is_last == 1u {
@@ -78,13 +111,21 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     }
 }
 
-// Dispatch (ceil(n*KVH*D/2 / (APPEND_WG * items)), B, 1); nobody writes lengths here.
+// Dispatch (max(ceil(n*KVH*ROW_TASKS / (APPEND_WG * items)), ceil(n*KVH / coop_rows)), B, 1);
+// nobody writes lengths here.
 @compute @workgroup_size(256)
 fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
-    let base = lens[len_index(seg.layer, b)];
+    if lid == 0u {
+        base_sh = lens[len_index(seg.layer, b)];
+    }
+    let base = workgroupUniformLoad(&base_sh);
     if base + input.n > CAP {
         return;
+    }
+    if COOP {
+        let rows = input.n * KVH;
+        encode_range(lid, b, base, min(rows, wid.x * input.coop_rows), min(rows, (wid.x + 1u) * input.coop_rows));
     }
     let per_wg = APPEND_WG * input.items;
     let last = min(input.n * KVH * ROW_TASKS, (wid.x + 1u) * per_wg);

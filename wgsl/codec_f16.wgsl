@@ -12,7 +12,14 @@ fn @SIDE@_vec_index(row: u32, w: u32) -> u32 {
     return row * (D / (2u * @LANES@)) + w;
 }
 
+// No level table (hook of the rotated codecs).
+fn @SIDE@_load_levels(lid: u32) {}
+
 // @ENCODER@ (attend-only modules stop here)
+
+// f16 rows are encoded by independent tasks (encode_@SIDE@), not cooperatively.
+fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {}
+
 // Encode task `task` (of @S@_TASKS = D/2 per row): one word, values 2 task and 2 task + 1.
 // `src` is the pair index of the row's first value in the input.
 fn encode_@SIDE@(row: u32, src: u32, task: u32) {

@@ -13,7 +13,14 @@ fn @SIDE@_word(row: u32, w: u32) -> u32 {
     return row * @S@_WORDS + w;
 }
 
+// No level table (hook of the rotated codecs).
+fn @SIDE@_load_levels(lid: u32) {}
+
 // @ENCODER@ (attend-only modules stop here)
+
+// q8/q4 rows are encoded by independent tasks (encode_@SIDE@), not cooperatively.
+fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {}
+
 
 // round_half_away(x / d) clamped to ±qmax, exactly as in f64: the quotient's rounding error
 // (GPU division may be approximate) is corrected with the remainder x - c d, which is exact

@@ -19,15 +19,19 @@
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
 
-// V columns: each thread owns 4 consecutive values of a row; J token lanes share a tile.
-const VC: u32 = D / 4u;
+// V columns: each thread owns 4 consecutive values of a row (VC of them: D/4, or a rotated
+// V codec's n_codes/4 rounded up: its output stays rotated until the reduce); J token lanes
+// share a tile.
 const J: u32 = WG / VC;
-const PART_ML: u32 = B * QH * SPLITS_TOTAL * (D / 4u);
+const PART_ML: u32 = B * QH * SPLITS_TOTAL * VC;
 
-var<workgroup> q_sh: array<vec4<f32>, G * D / 4u>;
+// The scaled query of each head of the group (a rotated K codec reads it from rot_sh).
+var<workgroup> q_sh: array<vec4<f32>, QSH>;
+// S q per head for the QJL residual term (QJL only).
+var<workgroup> sq_sh: array<f32, SQN>;
 var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
 var<workgroup> p_sh: array<f32, G * WG>;
-var<workgroup> comb: array<vec4<f32>, G * D / 4u>;
+var<workgroup> comb: array<vec4<f32>, G * VC>;
 var<workgroup> lcomb: array<f32, G>;
 var<workgroup> len_sh: u32;
 
@@ -36,8 +40,35 @@ var<workgroup> len_sh: u32;
 // dynamically (a dynamically indexed private array would spill to memory on most GPUs).
 var<private> sc$g: f32;
 
+// The scaled query of the group's heads into rot_sh rows 0..G, the QJL projection S q of
+// each (from the unrotated query), then the K codec's rotation, in place.
+fn rotate_query(lid: u32, b: u32, h: u32) {
+    for (var i = lid; i < G * RW; i += WG) {
+        let k = i % RW;
+        var x = 0.0;
+        if k < D {
+            x = q_in[(b * QH + h * G + i / RW) * D + k] * SCALE;
+        }
+        rs_set(i, x);
+    }
+    workgroupBarrier();
+    if K_QJL {
+        for (var i = lid; i < G * D; i += WG) {
+            let j = i % D;
+            let row = (i / D) * RW;
+            var acc = 0.0;
+            for (var k = 0u; k < D; k++) {
+                acc += cst(QJL_S + j * D + k) * rs_get(row + k);
+            }
+            sq_sh[i] = acc;
+        }
+        workgroupBarrier();
+    }
+    rotate_rows(K_KIND, K_ROT, G, lid, WG, false);
+}
+
 fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, m: f32, l: f32) {
-    part[(pi + g * SPLITS_TOTAL) * (D / 4u) + c] = acc;
+    part[(pi + g * SPLITS_TOTAL) * VC + c] = acc;
     if c == 0u {
         part[PART_ML + pi + g * SPLITS_TOTAL] = vec4<f32>(m, l, 0.0, 0.0);
     }
@@ -49,11 +80,17 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let s = wid.x;
     let h = wid.y;
     let b = wid.z;
-    // The query and the length are fetched together; one barrier covers both.
-    for (var i = lid; i < G * D / 4u; i += WG) {
-        let o = ((b * QH + h * G) * D) + 4u * i;
-        q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+    // The query, the level tables and the length are fetched together; the barrier of
+    // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
+    // rot_sh, once the new rows, whose encoding uses rot_sh, are written.)
+    if !K_ROTATED {
+        for (var i = lid; i < G * D / 4u; i += WG) {
+            let o = ((b * QH + h * G) * D) + 4u * i;
+            q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+        }
     }
+    k_load_levels(lid);
+    v_load_levels(lid);
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
     }
@@ -72,7 +109,9 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         write_new_rows(lid, b, h, len, start + seg.seg_start, end + seg.seg_start);
         storageBarrier();
     }
-
+    if K_ROTATED {
+        rotate_query(lid, b, h);
+    }
 
     let c = lid % VC;
     let j = lid / VC;
@@ -146,7 +185,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 
 const RED_WG: u32 = 128u;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
-const RC: u32 = D / 4u;
+const RC: u32 = VC;
 const RL: u32 = RED_WG / RC;
 var<workgroup> lane_ml: array<vec2<f32>, RL>;
 var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
@@ -169,7 +208,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             // Past the last split the index is clamped and the weight forced to zero.
             let s$v = min(s + $v * RL, SPLITS_TOTAL - 1u);
             let ml$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + s$v], s + $v * RL < SPLITS_TOTAL);
-            let a$v = select(vec4<f32>(0.0), part[(base + s$v) * (D / 4u) + c], s + $v * RL < SPLITS_TOTAL);
+            let a$v = select(vec4<f32>(0.0), part[(base + s$v) * VC + c], s + $v * RL < SPLITS_TOTAL);
             // Expanded lines run one after another: take the batch max, rescale once, then add.
             var mb = m;
             mb = max(mb, ml$v.x);
@@ -196,13 +235,28 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             l = l * f + ml.y * w;
             m = mn;
         }
-        // An empty sequence has l = 0: its output is defined as zeros.
-        let y = o * select(0.0, 1.0 / l, l > 0.0);
-        let p = (b * QH + qh) * D + 4u * c;
-        out[p] = y.x;
-        out[p + 1u] = y.y;
-        out[p + 2u] = y.z;
-        out[p + 3u] = y.w;
+    }
+    // An empty sequence has l = 0: its output is defined as zeros.
+    let y = o * select(0.0, 1.0 / l, l > 0.0);
+    let p = (b * QH + qh) * D;
+    if V_ROTATED {
+        // The output is still in the V codec's rotated domain: un-rotate it once, here.
+        if r == 0u {
+            rs_set(4u * c, y.x);
+            rs_set(4u * c + 1u, y.y);
+            rs_set(4u * c + 2u, y.z);
+            rs_set(4u * c + 3u, y.w);
+        }
+        workgroupBarrier();
+        rotate_rows(V_KIND, V_ROT, 1u, lid, RED_WG, true);
+        for (var i = lid; i < D; i += RED_WG) {
+            out[p + i] = rs_get(i);
+        }
+    } else if r == 0u {
+        out[p + 4u * c] = y.x;
+        out[p + 4u * c + 1u] = y.y;
+        out[p + 4u * c + 2u] = y.z;
+        out[p + 4u * c + 3u] = y.w;
     }
     if qh == 0u && lid == 0u {
         commit_step(b);

@@ -26,9 +26,19 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32, first: u32, last: u32) {
         return;
     }
     let tasks = K_TASKS + V_TASKS;
+    if COOP {
+        for (var r0 = p0; r0 < last; r0 += ER) {
+            let nr = min(ER, last - r0);
+            if lid < nr {
+                enc_dst[lid] = seg_row(b, h, r0 + lid, seg);
+                enc_src[lid] = ((b * input.n + (r0 + lid - len)) * KVH + h) * (D / 2u);
+            }
+            encode_rows(lid, WG, nr);
+        }
+    }
     for (var i = lid; i < (last - p0) * tasks; i += WG) {
-        let pos = p0 + i / tasks;
-        let task = i % tasks;
+        let pos = p0 + i / max(tasks, 1u);
+        let task = i % max(tasks, 1u);
         let row = seg_row(b, h, pos, seg);
         let src = ((b * input.n + (pos - len)) * KVH + h) * (D / 2u);
         if task < K_TASKS {

@@ -1,0 +1,162 @@
+// Rotated codecs `turbo`, `rotor`, `iso` (layout contract: src/codec/mod.rs): a row holds
+// @S@_NC codes of @S@_BITS bits bit-packed LSB-first across the words (a code may straddle two
+// words), then @S@_NSIDE f16 scales from bit @S@_SIDE_BIT (one per row, or one per 32 codes
+// when @S@_BLOCK32), then for K with QJL the residual's sign bits and its f16 norm.
+// Linked per side like codec_f16.wgsl. K rows are interleaved word by word in blocks of KB.
+
+@group(0) @binding(@BINDING@) var<storage, @ACCESS@> @SIDE@_store: array<u32>;
+
+fn @SIDE@_word(row: u32, w: u32) -> u32 {
+    if @S@_INTERLEAVED {
+        return (row - row % KB) * @S@_WORDS + w * KB + row % KB;
+    }
+    return row * @S@_WORDS + w;
+}
+
+// The reconstruction levels (f32 Lloyd–Max levels for N(0, 1)), looked up per code.
+var<workgroup> lv_@SIDE@: array<f32, 16>;
+
+fn @SIDE@_load_levels(lid: u32) {
+    if lid < (1u << @S@_BITS) {
+        lv_@SIDE@[lid] = cst(@S@_LV + lid);
+    }
+}
+
+// @ENCODER@ (attend-only modules stop here)
+
+// No independent encode tasks (@S@_TASKS = 0): rows are encoded by encode_rows_@SIDE@.
+fn encode_@SIDE@(row: u32, src: u32, task: u32) {}
+
+// The code of t = y / s: the number of (f32) Lloyd–Max boundaries at or below t.
+fn @SIDE@_quantize(y: f32, s: f32) -> u32 {
+    var t = 0.0;
+    if s > 0.0 {
+        t = y / s;
+    }
+    var code = 0u;
+    for (var j = 0u; j + 1u < (1u << @S@_BITS); j++) {
+        code += u32(cst(@S@_BD + j) <= t);
+    }
+    return code;
+}
+
+// Encodes the rows enc_src[r] -> enc_dst[r], r < nr <= ER, with the whole workgroup (nt
+// invocations; barriers inside, so every invocation calls it with the same nr):
+// norm, rotation, scales, codes, QJL residual, then one invocation per output word.
+fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
+    for (var i = lid; i < nr * RW; i += nt) {
+        let k = i % RW;
+        var x = 0.0;
+        if k < D {
+            x = in_pair_@SIDE@(enc_src[i / RW] + k / 2u)[k % 2u];
+        }
+        rs_set(i, x);
+        enc_x[i] = x;
+    }
+    workgroupBarrier();
+    for (var r = lid; r < nr; r += nt) {
+        var ss = 0.0;
+        for (var k = 0u; k < D; k++) {
+            ss += enc_x[r * RW + k] * enc_x[r * RW + k];
+        }
+        enc_n[r] = sqrt(ss);
+    }
+    rotate_rows(@S@_KIND, @S@_ROT, nr, lid, nt, false);
+
+    // Scales, rounded to the stored f16 values: codes are chosen against those.
+    for (var i = lid; i < nr * @S@_NSIDE; i += nt) {
+        let r = i / @S@_NSIDE;
+        let j = i % @S@_NSIDE;
+        var s = enc_n[r] / sqrt(f32(D));
+        if @S@_BLOCK32 {
+            let n = min(32u, @S@_NC - 32u * j);
+            var ss = 0.0;
+            for (var k = 0u; k < n; k++) {
+                let y = rs_get(r * RW + 32u * j + k);
+                ss += y * y;
+            }
+            s = sqrt(ss / f32(n));
+        }
+        enc_s[r * SIDE_MAX + j] = f16_round(min(s, 65504.0));
+    }
+    workgroupBarrier();
+    for (var i = lid; i < nr * RW; i += nt) {
+        let k = i % RW;
+        if k < @S@_NC {
+            let s = enc_s[(i / RW) * SIDE_MAX + select(0u, k / 32u, @S@_BLOCK32)];
+            let code = @SIDE@_quantize(rs_get(i), s);
+            enc_code[i] = code;
+            // The QJL residual needs the decoded row: y^ = s * level, un-rotated below.
+            rs_set(i, s * cst(@S@_LV + code));
+        }
+    }
+    workgroupBarrier();
+    if @S@_QJL {
+        rotate_rows(@S@_KIND, @S@_ROT, nr, lid, nt, true);
+        // r = (x - x^) / ||x|| in place of x (0 for a zero row).
+        for (var i = lid; i < nr * RW; i += nt) {
+            let n = enc_n[i / RW];
+            enc_x[i] = select(0.0, (enc_x[i] - rs_get(i)) / n, n > 0.0 && i % RW < D);
+        }
+        workgroupBarrier();
+        // Sign bits of S r (as 0/1 in rot_sh) and ||r||.
+        for (var i = lid; i < nr * D; i += nt) {
+            let r = i / D;
+            let j = i % D;
+            var acc = 0.0;
+            for (var k = 0u; k < D; k++) {
+                acc += cst(QJL_S + j * D + k) * enc_x[r * RW + k];
+            }
+            rs_set(r * RW + j, select(0.0, 1.0, acc >= 0.0));
+        }
+        for (var r = lid; r < nr; r += nt) {
+            var ss = 0.0;
+            for (var k = 0u; k < D; k++) {
+                ss += enc_x[r * RW + k] * enc_x[r * RW + k];
+            }
+            enc_rn[r] = f16_round(min(sqrt(ss), 65504.0));
+        }
+        workgroupBarrier();
+    }
+
+    // One invocation per output word gathers every field overlapping it.
+    for (var i = lid; i < nr * @S@_WORDS; i += nt) {
+        let r = i / @S@_WORDS;
+        let w = i % @S@_WORDS;
+        let lo = 32u * w;
+        var word = 0u;
+        if lo < @S@_NC * @S@_BITS {
+            let c1 = min(@S@_NC, (lo + 32u + @S@_BITS - 1u) / @S@_BITS);
+            for (var c = lo / @S@_BITS; c < c1; c++) {
+                let o = c * @S@_BITS;
+                let v = enc_code[r * RW + c];
+                if o >= lo {
+                    word |= v << (o - lo);
+                } else {
+                    word |= v >> (lo - o);
+                }
+            }
+        }
+        for (var j = 0u; j < @S@_NSIDE; j++) {
+            let bit = @S@_SIDE_BIT + 16u * j;
+            if bit / 32u == w {
+                word |= (pack2x16float(vec2<f32>(enc_s[r * SIDE_MAX + j], 0.0)) & 0xffffu) << (bit % 32u);
+            }
+        }
+        if @S@_QJL {
+            if w >= @S@_QJL_WORD && w < @S@_QJL_WORD + D / 32u {
+                let j0 = r * RW + 32u * (w - @S@_QJL_WORD);
+                for (var t = 0u; t < 32u; t++) {
+                    word |= u32(rs_get(j0 + t)) << t;
+                }
+            }
+            if @S@_QJL_NORM_BIT / 32u == w {
+                word |= (pack2x16float(vec2<f32>(enc_rn[r], 0.0)) & 0xffffu) << (@S@_QJL_NORM_BIT % 32u);
+            }
+        }
+        if enc_dst[r] != NO_ROW {
+            @SIDE@_store[@SIDE@_word(enc_dst[r], w)] = word;
+        }
+    }
+    workgroupBarrier();
+}

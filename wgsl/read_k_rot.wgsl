@@ -1,0 +1,68 @@
+// Scores of a rotated-codec K row (turbo / rotor / iso) against the rotated query in rot_sh
+// rows 0..G: per block of 32 codes (K_BITS words, loaded together) the codes are cut out four
+// at a time, looked up in the level table, dotted with the query and scaled by the block's
+// (or the row's) scale. With QJL, the residual's sign bits add the estimator's correction.
+
+// The 4 * K_BITS bits from bit `bit` of a block's words (LSB-first; may straddle two words).
+fn k_field(w: vec4<u32>, bit: u32) -> u32 {
+    let i = bit / 32u;
+    let sh = bit % 32u;
+    var f = w[i] >> sh;
+    if sh + 4u * K_BITS > 32u {
+        f |= w[i + 1u] << (32u - sh);
+    }
+    return f;
+}
+
+// The f16 at row bit `bit` (16-bit aligned); `base` is the row's first word (interleaved).
+fn k_half(base: u32, bit: u32) -> f32 {
+    return unpack2x16float(k_store[base + (bit / 32u) * KB])[(bit / 16u) % 2u];
+}
+
+fn k_scores(row: u32) {
+    let base = (row - row % KB) * K_WORDS + row % KB;
+    let mask = vec4<u32>((1u << K_BITS) - 1u);
+    let shifts = vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS);
+    var s = k_half(base, K_SIDE_BIT);
+    // Squared norm of the row (QJL with per-block scales).
+    var nn = 0.0;
+    for (var j = 0u; j < (K_NC + 31u) / 32u; j++) {
+        if K_BLOCK32 {
+            s = k_half(base, K_SIDE_BIT + 16u * j);
+            nn += f32(min(32u, K_NC - 32u * j)) * s * s;
+        }
+        // A short last block (rotor) re-reads its last word: the codes past K_NC meet zeros
+        // in the padded query.
+        var w = vec4<u32>(0u);
+        w.x = k_store[base + min(K_BITS * j, K_CODE_WORDS - 1u) * KB];
+        if K_BITS > 1u {
+            w.y = k_store[base + min(K_BITS * j + 1u, K_CODE_WORDS - 1u) * KB];
+        }
+        if K_BITS > 2u {
+            w.z = k_store[base + min(K_BITS * j + 2u, K_CODE_WORDS - 1u) * KB];
+        }
+        if K_BITS > 3u {
+            w.w = k_store[base + min(K_BITS * j + 3u, K_CODE_WORDS - 1u) * KB];
+        }
+        let c$k = (vec4<u32>(k_field(w, 4u * $ku * K_BITS)) >> shifts) & mask;
+        let l$k = vec4<f32>(lv_k[c$k.x], lv_k[c$k.y], lv_k[c$k.z], lv_k[c$k.w]);
+        var part$g = 0.0;
+        part$g += dot(rot_sh[$g * (RW / 4u) + 8u * j + $k], l$k);
+        sc$g += s * part$g;
+    }
+    if K_QJL {
+        // n sqrt(pi/2) / m ||r|| sum_j (S q)_j (+-1)_j, with m = D sign bits.
+        if !K_BLOCK32 {
+            nn = s * s * f32(D);
+        }
+        let coef = sqrt(nn) * 1.2533141 / f32(D) * k_half(base, K_QJL_NORM_BIT);
+        var t$g = 0.0;
+        for (var j = 0u; j < D / 32u; j++) {
+            let w = k_store[base + (K_QJL_WORD + j) * KB];
+            let sgn$k = vec4<f32>((vec4<u32>(w >> (4u * $ku)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) * 2.0 - 1.0;
+            let o$g = $g * D + 32u * j;
+            t$g += dot(vec4<f32>(sq_sh[o$g + 4u * $k], sq_sh[o$g + 4u * $k + 1u], sq_sh[o$g + 4u * $k + 2u], sq_sh[o$g + 4u * $k + 3u]), sgn$k);
+        }
+        sc$g += coef * t$g;
+    }
+}
