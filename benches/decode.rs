@@ -34,8 +34,8 @@ fn decode_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("decode_step_one_layer");
     group.sample_size(20);
     if ctx.is_cpu() {
-        group.warm_up_time(Duration::from_millis(500));
-        group.measurement_time(Duration::from_secs(2));
+        group.warm_up_time(Duration::from_millis(300));
+        group.measurement_time(Duration::from_secs(1));
     }
     let mk = |data: &[f32]| {
         ctx.device

@@ -770,10 +770,12 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
             }
         }
     }
-    let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
+    let root = SVGBackend::new(path, (1120, 660)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
+    let (title_area, body) = root.split_vertically(44);
+    title_area.titled(title, ("sans-serif", 22))?;
+    let (plot_area, legend_area) = body.split_horizontally(850);
+    let mut chart = ChartBuilder::on(&plot_area)
         .margin(16)
         .x_label_area_size(50)
         .y_label_area_size(70)
@@ -800,8 +802,10 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
         .light_line_style(WHITE.mix(0.0))
         .bold_line_style(BLACK.mix(0.12))
         .draw()?;
-    // Distinct hues first; past ten codecs the same hues come back with hollow markers.
-    const HUES: [RGBColor; 10] = [
+    // One colour per K codec (none, q8, turbo3, …); solid where V is quantized too, dashed
+    // where only K is. Past the palette, colours come back with hollow markers.
+    const HUES: [RGBColor; 12] = [
+        RGBColor(0, 0, 0),
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -812,8 +816,25 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
         RGBColor(127, 127, 127),
         RGBColor(188, 189, 34),
         RGBColor(23, 190, 207),
+        RGBColor(255, 187, 120),
     ];
-    for (i, name) in codecs.iter().enumerate() {
+    let mut families: Vec<String> = Vec::new();
+    let mut legend = Vec::new();
+    for name in &codecs {
+        let (family, k_only) = match KvCodecs::parse(name) {
+            Ok(c) => (
+                c.k.name(),
+                c.v == kvq::Codec::NONE && c.k != kvq::Codec::NONE,
+            ),
+            Err(_) => (name.to_string(), false),
+        };
+        let i = families
+            .iter()
+            .position(|f| *f == family)
+            .unwrap_or_else(|| {
+                families.push(family);
+                families.len() - 1
+            });
         let color = HUES[i % HUES.len()];
         let filled = i < HUES.len();
         let pts: Vec<(f64, f64)> = rows
@@ -821,26 +842,32 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
             .filter(|r| r.codec == *name)
             .map(|r| (r.ctx as f64, tok(r)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(*name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2))
-            });
-        let style = if filled {
-            color.filled()
+        let line = color.stroke_width(2);
+        if k_only {
+            chart.draw_series(DashedLineSeries::new(pts.clone(), 7, 5, line))?;
         } else {
-            color.stroke_width(2)
-        };
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, style)))?;
+            chart.draw_series(LineSeries::new(pts.clone(), line))?;
+        }
+        let marker = if filled { color.filled() } else { line };
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, marker)))?;
+        legend.push((name, line, marker, k_only));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .label_font(("sans-serif", 15))
-        .draw()?;
+    // The legend in its own panel, so it never covers a line.
+    let font = ("sans-serif", 15).into_font();
+    legend_area.draw(&Text::new("codec (dashed: K only)", (8, 18), font.clone()))?;
+    let step = (560 / legend.len().max(1) as i32).clamp(12, 24);
+    for (j, (name, line, marker, k_only)) in legend.iter().enumerate() {
+        let y = 46 + j as i32 * step;
+        if *k_only {
+            for x in [8, 22] {
+                legend_area.draw(&PathElement::new(vec![(x, y), (x + 9, y)], *line))?;
+            }
+        } else {
+            legend_area.draw(&PathElement::new(vec![(8, y), (38, y)], *line))?;
+        }
+        legend_area.draw(&Circle::new((23, y), 4, *marker))?;
+        legend_area.draw(&Text::new(name.to_string(), (46, y - 10), font.clone()))?;
+    }
     root.present()?;
     Ok(())
 }
