@@ -3,12 +3,12 @@
 use std::sync::Mutex;
 
 use bytemuck::{Pod, Zeroable};
-use wgpu::util::DeviceExt;
 
 use crate::codec::CodecKind;
 use crate::context::GpuContext;
 use crate::error::{KvqError, Result};
 use crate::kernels::{InputType, KernelConfig, Pipelines};
+use crate::memory::{MemoryReport, StoreBytes};
 use crate::spec::CacheSpec;
 
 /// Above this many new tokens an append is spread over many workgroups (plus a commit
@@ -123,6 +123,7 @@ pub struct AppendInput {
     n: u32,
     input: InputType,
     wide_groups: u32,
+    params: wgpu::Buffer,
 }
 
 impl AppendInput {
@@ -182,6 +183,16 @@ pub struct KvCache {
     host_lens: Vec<u32>,
     host_io: Mutex<Option<HostIo>>,
     host_query: Mutex<Option<HostQuery>>,
+    /// Every buffer the cache owns besides the K/V stores, by part (for [`KvCache::memory`]).
+    owned: Vec<(OwnedPart, wgpu::Buffer)>,
+}
+
+/// What a buffer in [`KvCache`]'s `owned` list is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OwnedPart {
+    Lengths,
+    Scratch,
+    Params,
 }
 
 /// A compute pass of kvq's own in the caller's encoder (for the encoder-level calls).
@@ -190,6 +201,29 @@ fn own_pass<'e>(encoder: &'e mut wgpu::CommandEncoder, label: &str) -> wgpu::Com
         label: Some(label),
         timestamp_writes: None,
     })
+}
+
+/// A buffer created with `contents` (a multiple of 4 bytes). Unlike wgpu's `create_buffer_init`
+/// it does not panic when the buffer cannot be allocated: the error goes to the device's error
+/// scopes like any other allocation's, and the buffer is invalid.
+fn init_buffer(
+    device: &wgpu::Device,
+    label: &str,
+    contents: &[u8],
+    usage: wgpu::BufferUsages,
+) -> wgpu::Buffer {
+    let buf = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: contents.len() as u64,
+        usage,
+        mapped_at_creation: true,
+    });
+    if let Ok(mut view) = buf.get_mapped_range_mut(..) {
+        view.copy_from_slice(contents);
+        drop(view);
+        buf.unmap();
+    }
+    buf
 }
 
 fn default_splits(ctx: &GpuContext, seg_tokens: u32) -> u32 {
@@ -289,19 +323,23 @@ impl KvCache {
         let pipes = Pipelines::new(device, &cfg)?;
 
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        // A buffer that failed to allocate is invalid: binding it is a validation error, which
+        // must come back as this call's error too, not reach the device's uncaptured handler.
+        let invalid_scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let n_lens = (spec.layers * spec.batch) as usize;
         // Lengths then overflow flags, all zero (an empty cache), then the codec constants
         // (rotations, codebooks, QJL matrix) the kernels read.
         let mut state = vec![0u32; 2 * n_lens];
         state.extend(cfg.constants(spec.seed).iter().map(|c| c.to_bits()));
         ctx.counters().add_upload(state.len() as u64 * 4);
-        let lens = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("kvq lengths and codec constants"),
-            contents: bytemuck::cast_slice(&state),
-            usage: wgpu::BufferUsages::STORAGE
+        let lens = init_buffer(
+            device,
+            "kvq lengths and codec constants",
+            bytemuck::cast_slice(&state),
+            wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
-        });
+        );
         let splits_total = cfg.splits_total() as u64;
         let part_floats = spec.batch as u64
             * spec.q_heads as u64
@@ -318,6 +356,10 @@ impl KvCache {
         let store_usage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
+        let mut owned = vec![
+            (OwnedPart::Lengths, lens.clone()),
+            (OwnedPart::Scratch, partials.clone()),
+        ];
         let mut layers = Vec::with_capacity(spec.layers as usize);
         for layer in 0..spec.layers {
             let mut segs = Vec::with_capacity(segments as usize);
@@ -348,11 +390,13 @@ impl KvCache {
                 // Written once at creation, not per step.
                 ctx.counters()
                     .add_upload(std::mem::size_of::<SegParams>() as u64);
-                let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("kvq segment params"),
-                    contents: bytemuck::bytes_of(&params),
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
-                });
+                let params = init_buffer(
+                    device,
+                    "kvq segment params",
+                    bytemuck::bytes_of(&params),
+                    wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
+                );
+                owned.push((OwnedPart::Params, params.clone()));
                 let bg = |layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]| {
                     bind_buffers(device, "kvq segment", layout, bufs)
                 };
@@ -369,8 +413,22 @@ impl KvCache {
             }
             layers.push(segs);
         }
+        let invalid = pollster::block_on(invalid_scope.pop());
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(KvqError::Gpu(format!("allocating the cache failed: {e}")));
+            let stores: u64 = layers
+                .iter()
+                .flatten()
+                .map(|s| s.k.size() + s.v.size())
+                .sum();
+            return Err(KvqError::OutOfMemory {
+                adapter: ctx.info.name.clone(),
+                what: "the KV cache".into(),
+                needed: stores + owned.iter().map(|(_, b)| b.size()).sum::<u64>(),
+                detail: e.to_string(),
+            });
+        }
+        if let Some(e) = invalid {
+            return Err(KvqError::Gpu(format!("creating the cache failed: {e}")));
         }
         Ok(KvCache {
             ctx: ctx.clone(),
@@ -383,7 +441,47 @@ impl KvCache {
             lens,
             host_io: Mutex::new(None),
             host_query: Mutex::new(None),
+            owned,
         })
+    }
+
+    /// Every byte of device memory this cache owns, by part: K and V codes, scales, norms and
+    /// row padding; lengths; codec constants; decode scratch; parameter uniforms; host-API
+    /// staging. Summed from
+    /// the sizes of the buffers it allocated; [`MemoryReport::total`] is all of them.
+    pub fn memory(&self) -> MemoryReport {
+        let d = self.spec.head_dim;
+        let (mut k, mut v) = (0, 0);
+        for seg in self.layers.iter().flatten() {
+            k += seg.k.size();
+            v += seg.v.size();
+        }
+        let part = |p: OwnedPart| -> u64 {
+            self.owned
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, b)| b.size())
+                .sum()
+        };
+        let mut host_staging = 0;
+        if let Some(h) = &*self.host_io.lock().unwrap_or_else(|e| e.into_inner()) {
+            host_staging += h.k.size() + h.v.size() + h.input.params.size();
+        }
+        if let Some(h) = &*self.host_query.lock().unwrap_or_else(|e| e.into_inner()) {
+            host_staging += h.q.size() + h.out.size();
+        }
+        // The lengths buffer holds the lengths and overflow flags, then the codec constants.
+        let state = part(OwnedPart::Lengths);
+        let lengths = state.min(8 * self.spec.layers as u64 * self.spec.batch as u64);
+        MemoryReport {
+            k: StoreBytes::of_rows(self.spec.codecs.k, d, k),
+            v: StoreBytes::of_rows(self.spec.codecs.v, d, v),
+            lengths,
+            constants: state - lengths,
+            scratch: part(OwnedPart::Scratch),
+            params: part(OwnedPart::Params),
+            host_staging,
+        }
     }
 
     /// The spec this cache was built from.
@@ -498,15 +596,26 @@ impl KvCache {
     }
 
     /// A 16-byte uniform written once when a binding is prepared, never per step.
-    fn uniform(&self, label: &str, words: [u32; 4]) -> wgpu::Buffer {
+    fn uniform(&self, label: &str, words: [u32; 4]) -> Result<wgpu::Buffer> {
+        let device = &self.ctx.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = init_buffer(
+            device,
+            label,
+            bytemuck::cast_slice(&words),
+            // COPY_SRC: crate::export reads every buffer's initial bytes.
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
+        );
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(KvqError::OutOfMemory {
+                adapter: self.ctx.info.name.clone(),
+                what: label.into(),
+                needed: buf.size(),
+                detail: e.to_string(),
+            });
+        }
         self.ctx.counters().add_upload(16);
-        self.ctx
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
-            })
+        Ok(buf)
     }
 
     fn bind(&self, label: &str, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> Bound {
@@ -548,7 +657,7 @@ impl KvCache {
             0
         };
         let wide_groups = tasks.div_ceil(256 * items as u64).max(coop_groups) as u32;
-        let params = self.uniform("kvq append params", [n, items, coop_rows, 0]);
+        let params = self.uniform("kvq append params", [n, items, coop_rows, 0])?;
         let bind_group = self.bind(
             "kvq append input",
             &self.pipes.append_input,
@@ -559,6 +668,7 @@ impl KvCache {
             n,
             input,
             wide_groups,
+            params,
         })
     }
 
@@ -585,7 +695,7 @@ impl KvCache {
     ) -> Result<StepIo> {
         self.check_kv_inputs(k, v, n, input)?;
         self.check_query_io(q, out)?;
-        let params = self.uniform("kvq step params", [n, 0, 0, 0]);
+        let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
         let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params]);
         Ok(StepIo {
             bind_group,
@@ -805,14 +915,14 @@ impl KvCache {
             .take();
         if slot.as_ref().map(|h| h.n) != Some(n) {
             let buf = |label| {
-                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
                     label: Some(label),
                     size: (k.len() * 4) as u64,
                     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 })
             };
-            let (kb, vb) = (buf("kvq host k"), buf("kvq host v"));
+            let (kb, vb) = (buf("kvq host k")?, buf("kvq host v")?);
             let input = self.append_input(&kb, &vb, n, InputType::F32)?;
             slot = Some(HostIo {
                 n,
@@ -854,7 +964,7 @@ impl KvCache {
         let mut guard = self.host_query.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             let buf = |label, usage| {
-                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
                     label: Some(label),
                     size: (want * 4) as u64,
                     usage,
@@ -864,13 +974,13 @@ impl KvCache {
             let q = buf(
                 "kvq host q",
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            );
+            )?;
             let out = buf(
                 "kvq host out",
                 wgpu::BufferUsages::STORAGE
                     | wgpu::BufferUsages::COPY_SRC
                     | wgpu::BufferUsages::COPY_DST,
-            );
+            )?;
             let io = self.attend_io(&q, &out)?;
             *guard = Some(HostQuery { q, out, io });
         }

@@ -97,6 +97,16 @@ pub struct GpuContext {
     counters: Arc<TransferCounters>,
 }
 
+/// [`GpuContext::new`] has wgpu refuse (as an out-of-memory error) a buffer that would take
+/// the device's memory heap past this share of the budget the driver reports (Vulkan with
+/// `VK_EXT_memory_budget`, D3D12), rather than oversubscribe it.
+pub const MEMORY_BUDGET_PERCENT: u8 = 90;
+
+const MEMORY_BUDGET: wgpu::MemoryBudgetThresholds = wgpu::MemoryBudgetThresholds {
+    for_resource_creation: Some(MEMORY_BUDGET_PERCENT),
+    for_device_loss: None,
+};
+
 fn backends_from_env() -> wgpu::Backends {
     wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
 }
@@ -107,6 +117,8 @@ impl GpuContext {
     /// The adapter is chosen by `WGPU_BACKEND` (e.g. `vulkan`, `metal`) and `WGPU_ADAPTER_NAME`
     /// (a substring of the adapter name) when set, else the high-performance adapter. Only what
     /// kvq needs is requested; f16, subgroups and timestamps are enabled when offered.
+    /// Allocations past [`MEMORY_BUDGET_PERCENT`] of the driver's memory budget fail with
+    /// [`KvqError::OutOfMemory`] instead of oversubscribing the device.
     pub fn new() -> Result<GpuContext> {
         pollster::block_on(Self::new_async())
     }
@@ -116,6 +128,7 @@ impl GpuContext {
         let backends = backends_from_env();
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends,
+            memory_budget_thresholds: MEMORY_BUDGET,
             ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
         });
         let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
@@ -258,6 +271,25 @@ impl GpuContext {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
+    /// Creates a buffer; one the device cannot allocate is [`KvqError::OutOfMemory`] (not the
+    /// device's uncaptured-error handler, which panics).
+    pub(crate) fn create_buffer_checked(
+        &self,
+        desc: &wgpu::BufferDescriptor<'_>,
+    ) -> Result<wgpu::Buffer> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(desc);
+        match pollster::block_on(scope.pop()) {
+            Some(e) => Err(KvqError::OutOfMemory {
+                adapter: self.info.name.clone(),
+                what: desc.label.unwrap_or("a buffer").into(),
+                needed: desc.size,
+                detail: e.to_string(),
+            }),
+            None => Ok(buf),
+        }
+    }
+
     /// Writes `data` into `buffer` at `offset` through the queue, counted as an upload.
     pub(crate) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
         self.counters.add_upload(data.len() as u64);
@@ -279,12 +311,12 @@ impl GpuContext {
 
     /// Copies `size` bytes of `src` at `offset` back to the host, counted as a download.
     pub(crate) fn read_back(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.create_buffer_checked(&wgpu::BufferDescriptor {
             label: Some("kvq readback"),
             size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        });
+        })?;
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
         self.submit_and_wait(enc.finish())?;

@@ -37,6 +37,20 @@ pub enum KvqError {
     /// wgpu reported a validation or out-of-memory error for kvq's own work.
     #[error("GPU error: {0}")]
     Gpu(String),
+    /// The device could not allocate what kvq asked for: the driver ran out of memory, or the
+    /// allocation would pass wgpu's memory budget threshold (see [`crate::GpuContext::new`]).
+    /// Nothing of the failed object is kept.
+    #[error("out of GPU memory on '{adapter}': {what} needs {needed} bytes of buffers ({detail})")]
+    OutOfMemory {
+        /// Adapter name.
+        adapter: String,
+        /// What was being allocated.
+        what: String,
+        /// Bytes of buffers that object needs in all.
+        needed: u64,
+        /// wgpu's report.
+        detail: String,
+    },
     /// A cache specification that cannot be built.
     #[error("invalid cache spec: {0}")]
     InvalidSpec(String),

@@ -26,6 +26,7 @@ pub mod context;
 pub mod error;
 pub mod export;
 pub mod kernels;
+pub mod memory;
 pub mod reference;
 pub mod spec;
 
@@ -34,4 +35,5 @@ pub use codec::{Codec, CodecKind, KvCodecs};
 pub use context::{Capabilities, GpuContext, TransferStats};
 pub use error::{KvqError, Result};
 pub use kernels::{InputType, KernelConfig};
+pub use memory::{MemoryReport, StoreBytes};
 pub use spec::CacheSpec;
