@@ -1,10 +1,11 @@
-//! Robustness (issue #5): non-finite K/V inputs, no panic from any call sequence, and a soak of
-//! many decode steps with truncations and resets that must not grow memory.
+//! Robustness (issue #5): non-finite K/V inputs, and no panic from any call sequence (the soak
+//! test is tests/soak.rs, alone in its process so that its memory measure sees only itself).
 
 mod common;
 
 use common::{Rng, ctx, read_f32};
-use kvq::{CacheSpec, InputType, KvCache, KvCodecs};
+use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError};
+use proptest::prelude::*;
 
 const D: u32 = 64;
 const KVH: u32 = 2;
@@ -143,4 +144,156 @@ fn non_finite_inputs_q8() {
 #[test]
 fn non_finite_inputs_turbo3() {
     non_finite_case("turbo3_sym");
+}
+
+/// A call of the public API, with arguments that may be out of range.
+#[derive(Clone, Debug)]
+enum Op {
+    Append { layer: u32, n: u32 },
+    Attend { layer: u32 },
+    Truncate { seq: u32, len: u32 },
+    Reset { seq: u32 },
+    Len { layer: u32, seq: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Layer and sequence indices up to one past the largest shape (2 layers, batch 3); token
+    // counts mostly small, sometimes up to past the largest capacity (200).
+    let n = prop_oneof![3 => 0u32..4, 1 => 0u32..=202];
+    prop_oneof![
+        4 => (0u32..3, n).prop_map(|(layer, n)| Op::Append { layer, n }),
+        2 => (0u32..3).prop_map(|layer| Op::Attend { layer }),
+        1 => (0u32..4, 0u32..=202).prop_map(|(seq, len)| Op::Truncate { seq, len }),
+        1 => (0u32..4).prop_map(|seq| Op::Reset { seq }),
+        1 => (0u32..3, 0u32..4).prop_map(|(layer, seq)| Op::Len { layer, seq }),
+    ]
+}
+
+/// Runs `ops` on one cache of the given shape against a host model of the lengths: every call
+/// must return what the model predicts (Ok or the typed error), a refused call must change
+/// nothing, and the GPU's lengths must equal the model's at the end.
+fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize), ops: &[Op]) {
+    let (d, kvh, gqa, capacity, batch, layers, codec) = shape;
+    let codec = ["none", "q8_sym", "k_q4", "turbo3_sym"][codec];
+    let spec = CacheSpec::new(layers, kvh * gqa, kvh, d, capacity)
+        .with_batch(batch)
+        .with_codecs(KvCodecs::parse(codec).unwrap());
+    let t0 = std::time::Instant::now();
+    let made = KvCache::new(ctx(), spec.clone());
+    eprintln!(
+        "case {codec} head_dim {d}, kv_heads {kvh}, gqa {gqa}, capacity {capacity}, batch {batch}, \
+         layers {layers}: cache in {:.1} s, {} ops",
+        t0.elapsed().as_secs_f64(),
+        ops.len()
+    );
+    let mut cache = match made {
+        Ok(c) => c,
+        // A shape a codec cannot serve is a typed error, which is all this test asks.
+        Err(KvqError::UnsupportedHeadDim { .. } | KvqError::InvalidSpec(_)) => return,
+        Err(e) => panic!("{spec:?}: {e}"),
+    };
+    let mut lens = vec![vec![0u32; batch as usize]; layers as usize];
+    let mut rng = Rng(u64::from(d * 1000 + capacity) ^ (ops.len() as u64) << 32);
+    let per_tok = (batch * kvh * d) as usize;
+    let qn = (batch * kvh * gqa * d) as usize;
+    for op in ops {
+        match *op {
+            Op::Append { layer, n } => {
+                let k = rng.normals(per_tok * n as usize, 1.0);
+                let v = rng.normals(per_tok * n as usize, 1.0);
+                let r = cache.append_host(layer, &k, &v);
+                if layer >= layers {
+                    assert!(matches!(r, Err(KvqError::LayerOutOfRange { .. })), "{r:?}");
+                } else if n == 0 {
+                    assert!(matches!(r, Err(KvqError::WrongLength { .. })), "{r:?}");
+                } else if lens[layer as usize].iter().any(|&l| l + n > capacity) {
+                    assert!(matches!(r, Err(KvqError::CapacityExceeded { .. })), "{r:?}");
+                } else {
+                    r.unwrap();
+                    lens[layer as usize].iter_mut().for_each(|l| *l += n);
+                }
+            }
+            Op::Attend { layer } => {
+                let r = cache.attend_host(layer, &rng.normals(qn, 1.0));
+                if layer >= layers {
+                    assert!(matches!(r, Err(KvqError::LayerOutOfRange { .. })), "{r:?}");
+                } else if lens[layer as usize].contains(&0) {
+                    assert!(matches!(r, Err(KvqError::EmptySequence { .. })), "{r:?}");
+                } else {
+                    let out = r.unwrap();
+                    assert_eq!(out.len(), qn);
+                    assert!(out.iter().all(|x| x.is_finite()));
+                }
+            }
+            Op::Truncate { seq, len } => {
+                let r = cache.truncate(seq, len);
+                if seq >= batch || lens.iter().any(|l| len > l[seq as usize]) {
+                    assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
+                } else {
+                    r.unwrap();
+                    lens.iter_mut().for_each(|l| l[seq as usize] = len);
+                }
+            }
+            Op::Reset { seq } => {
+                let r = cache.reset(seq);
+                if seq >= batch {
+                    assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
+                } else {
+                    r.unwrap();
+                    lens.iter_mut().for_each(|l| l[seq as usize] = 0);
+                }
+            }
+            Op::Len { layer, seq } => {
+                let r = cache.len(layer, seq);
+                if layer >= layers {
+                    assert!(matches!(r, Err(KvqError::LayerOutOfRange { .. })), "{r:?}");
+                } else if seq >= batch {
+                    assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
+                } else {
+                    assert_eq!(r.unwrap(), lens[layer as usize][seq as usize]);
+                }
+            }
+        }
+        for (l, seqs) in lens.iter().enumerate() {
+            for (b, &len) in seqs.iter().enumerate() {
+                assert_eq!(cache.len(l as u32, b as u32).unwrap(), len, "after {op:?}");
+            }
+        }
+        assert_eq!(cache.is_empty(), lens.iter().flatten().all(|&l| l == 0));
+    }
+    let (gpu, overflow) = cache.read_gpu_lengths().unwrap();
+    assert_eq!(gpu, lens.concat(), "GPU lengths after {ops:?}");
+    assert!(
+        overflow.iter().all(|&f| f == 0),
+        "overflow flags {overflow:?}"
+    );
+}
+
+fn proptest_cases() -> u32 {
+    std::env::var("KVQ_PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6)
+}
+
+proptest! {
+    // Few cases: each shape is a new set of kernels (shape constants are baked into the WGSL),
+    // which lavapipe compiles at first use, several seconds per case. More with
+    // KVQ_PROPTEST_CASES=N.
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases()))]
+    #[test]
+    fn public_api_never_panics(
+        shape in (
+            prop::sample::select(vec![32u32, 64, 96, 128]),
+            1u32..=4,
+            1u32..=8,
+            1u32..=200,
+            1u32..=3,
+            1u32..=2,
+            0usize..4,
+        ),
+        ops in prop::collection::vec(op(), 1..24),
+    ) {
+        run_ops(shape, &ops);
+    }
 }
