@@ -232,11 +232,23 @@ impl KvCache {
             seg_tokens -= seg_tokens % K_BLOCK;
         }
         if seg_tokens == 0 {
+            // A split store needs whole K interleave blocks per segment.
+            let needed = if spec.capacity > 1 && per_token <= max_binding {
+                per_token * K_BLOCK as u64
+            } else {
+                per_token
+            };
             return Err(KvqError::AdapterTooWeak {
                 adapter: ctx.info.name.clone(),
-                what: "max_storage_buffer_binding_size (one token of every sequence and head)"
-                    .into(),
-                needed: per_token,
+                what: format!(
+                    "max_storage_buffer_binding_size ({} of every sequence and head)",
+                    if needed > per_token {
+                        "32 tokens"
+                    } else {
+                        "one token"
+                    }
+                ),
+                needed,
                 have: max_binding,
             });
         }

@@ -297,3 +297,23 @@ proptest! {
         run_ops(shape, &ops);
     }
 }
+
+/// Shapes whose counts overflow 32-bit arithmetic are typed errors, not overflow panics.
+#[test]
+fn huge_shapes_are_typed_errors() {
+    let specs = [
+        CacheSpec::new(100_000, 1, 1, 32, 1).with_batch(65_535),
+        CacheSpec::new(u32::MAX, 8, 1, 256, 1).with_batch(3),
+        CacheSpec::new(1, 8, 1, 256, u32::MAX).with_batch(65_535),
+        CacheSpec::new(1, 1, 1, 32, u32::MAX),
+    ];
+    for spec in specs {
+        match KvCache::new(ctx(), spec.clone()) {
+            Err(e) => eprintln!(
+                "{} layers, batch {}, capacity {}: {e}",
+                spec.layers, spec.batch, spec.capacity
+            ),
+            Ok(_) => panic!("{spec:?} was accepted"),
+        }
+    }
+}
