@@ -29,13 +29,7 @@ struct Soak {
 impl Soak {
     /// Steps until `until` steps in all: each cycle records steps up to the capacity into one
     /// encoder, submits, then truncates (every 8th cycle resets).
-    fn run(
-        &mut self,
-        gpu: &kvq::GpuContext,
-        cache: &mut KvCache,
-        io: &kvq::cache::StepIo,
-        until: u64,
-    ) {
+    fn run(&mut self, gpu: &kvq::GpuContext, cache: &mut KvCache, io: &kvq::StepIo, until: u64) {
         let cap = cache.spec().capacity;
         while self.steps < until {
             let len = cache.len(0, 0).unwrap();
