@@ -201,7 +201,18 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize), ops: &[Op]) {
             Op::Append { layer, n } => {
                 let k = rng.normals(per_tok * n as usize, 1.0);
                 let v = rng.normals(per_tok * n as usize, 1.0);
+                let refused = layer < layers
+                    && n > 0
+                    && lens[layer as usize].iter().any(|&l| l + n > capacity);
+                let before = refused.then(|| cache.read_rows(layer).unwrap());
                 let r = cache.append_host(layer, &k, &v);
+                if let Some(before) = before {
+                    assert_eq!(
+                        cache.read_rows(layer).unwrap(),
+                        before,
+                        "refused {op:?} wrote"
+                    );
+                }
                 if layer >= layers {
                     assert!(matches!(r, Err(KvqError::LayerOutOfRange { .. })), "{r:?}");
                 } else if n == 0 {
@@ -273,7 +284,7 @@ fn proptest_cases() -> u32 {
     std::env::var("KVQ_PROPTEST_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6)
+        .unwrap_or(4)
 }
 
 proptest! {
