@@ -328,3 +328,25 @@ fn huge_shapes_are_typed_errors() {
         }
     }
 }
+
+/// Codec `none` stores a finite value past f16's range as ±65504 (not ±Inf, which would make the
+/// sequence's output NaN); the quantized codecs' scales already saturate.
+#[test]
+fn out_of_f16_range_saturates() {
+    let spec = CacheSpec::new(1, 2, 1, 64, 8);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let mut rng = Rng(3);
+    for t in 0..3 {
+        let (mut k, mut v) = (rng.normals(64, 1.0), rng.normals(64, 1.0));
+        if t == 1 {
+            (k[3], v[4]) = (1e6, -1e30);
+        }
+        cache.append_host(0, &k, &v).unwrap();
+    }
+    let out = cache.attend_host(0, &rng.normals(128, 1.0)).unwrap();
+    assert!(out.iter().all(|x| x.is_finite()), "{out:?}");
+    let (k, v) = cache.read_rows(0).unwrap();
+    // Row 1 of each store, 32 words of two halves; values 3 and 4 are in words 1 and 2.
+    assert_eq!(k[32 + 1] >> 16, 0x7bff, "K 1e6 stored as f16 65504");
+    assert_eq!(v[32 + 2] & 0xffff, 0xfbff, "V -1e30 stored as f16 -65504");
+}
