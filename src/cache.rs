@@ -540,7 +540,8 @@ impl KvCache {
     /// codes. So a bad value changes only its own row (its K or V vector of that token and KV
     /// head), attention outputs stay finite, the sequence's other tokens keep their weight,
     /// and other sequences are not affected at all (bit for bit). kvq does not report such
-    /// values; check your inputs if you need to know.
+    /// values; check your inputs if you need to know. With codec `none` (f16 rows) a finite
+    /// value beyond f16's range is stored as ±65504, not ±Inf.
     pub fn append_input(
         &self,
         k: &wgpu::Buffer,
