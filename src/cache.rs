@@ -266,11 +266,23 @@ impl KvCache {
             seg_tokens -= seg_tokens % K_BLOCK;
         }
         if seg_tokens == 0 {
+            // A split store needs whole K interleave blocks per segment.
+            let needed = if spec.capacity > 1 && per_token <= max_binding {
+                per_token * K_BLOCK as u64
+            } else {
+                per_token
+            };
             return Err(KvqError::AdapterTooWeak {
                 adapter: ctx.info.name.clone(),
-                what: "max_storage_buffer_binding_size (one token of every sequence and head)"
-                    .into(),
-                needed: per_token,
+                what: format!(
+                    "max_storage_buffer_binding_size ({} of every sequence and head)",
+                    if needed > per_token {
+                        "32 tokens"
+                    } else {
+                        "one token"
+                    }
+                ),
+                needed,
                 have: max_binding,
             });
         }
@@ -629,6 +641,16 @@ impl KvCache {
 
     /// Prepares caller buffers holding `n` new tokens per sequence, layout
     /// `[batch, n, kv_heads, head_dim]` of `input` elements, for [`KvCache::append`].
+    ///
+    /// # Non-finite inputs
+    /// Every append path (this one, [`KvCache::append_host`] and the fused
+    /// [`KvCache::step`]) stores a NaN or ±Inf input value exactly as it would store 0, for
+    /// every codec: the encoders read non-finite values as 0 before computing scales, norms or
+    /// codes. So a bad value changes only its own row (its K or V vector of that token and KV
+    /// head), attention outputs stay finite, the sequence's other tokens keep their weight,
+    /// and other sequences are not affected at all (bit for bit). kvq does not report such
+    /// values; check your inputs if you need to know. With codec `none` (f16 rows) a finite
+    /// value beyond f16's range is stored as ±65504, not ±Inf.
     pub fn append_input(
         &self,
         k: &wgpu::Buffer,
@@ -728,7 +750,8 @@ impl KvCache {
     /// Records a fused decode step for `layer` into an open compute pass: appends the new
     /// tokens and attends the query over the whole prefix including them, in two dispatches
     /// (the split kernel writes the new rows it covers; the reduce commits the length).
-    /// Same result as [`KvCache::append_in_pass`] then [`KvCache::attend_in_pass`].
+    /// Same result as [`KvCache::append_in_pass`] then [`KvCache::attend_in_pass`]; a NaN or
+    /// ±Inf input value is stored as 0 (see [`KvCache::append_input`]).
     pub fn step_in_pass(
         &mut self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -865,7 +888,8 @@ impl KvCache {
         self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
     }
 
-    /// Records an append into `encoder` (in a compute pass of its own).
+    /// Records an append into `encoder` (in a compute pass of its own). A NaN or ±Inf input
+    /// value is stored as 0 (see [`KvCache::append_input`]).
     pub fn append(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
@@ -886,7 +910,8 @@ impl KvCache {
     }
 
     /// Host convenience: uploads `k` and `v` (`[batch, n, kv_heads, head_dim]` f32) and appends
-    /// them to `layer`, waiting for the GPU.
+    /// them to `layer`, waiting for the GPU. A NaN or ±Inf value is stored as 0 (see
+    /// [`KvCache::append_input`]).
     pub fn append_host(&mut self, layer: u32, k: &[f32], v: &[f32]) -> Result<()> {
         self.check_layer(layer)?;
         let s = &self.spec;

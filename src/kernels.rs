@@ -175,18 +175,19 @@ impl KernelConfig {
         h
     }
 
-    /// WGSL reading the caller's K/V input elements as pairs (`in_pair_k`, `in_pair_v`).
+    /// WGSL reading the caller's K/V input elements as pairs (`in_pair_k`, `in_pair_v`), the
+    /// only way the encoders read inputs: non-finite values read as 0 (`finite_or_zero`).
     fn input_reader(input: InputType) -> &'static str {
         match input {
             InputType::F32 => {
                 "alias IN_T = f32;\n\
-                 fn in_pair_k(i: u32) -> vec2<f32> { return vec2<f32>(k_in[2u * i], k_in[2u * i + 1u]); }\n\
-                 fn in_pair_v(i: u32) -> vec2<f32> { return vec2<f32>(v_in[2u * i], v_in[2u * i + 1u]); }\n"
+                 fn in_pair_k(i: u32) -> vec2<f32> { return finite_or_zero(vec2<f32>(k_in[2u * i], k_in[2u * i + 1u])); }\n\
+                 fn in_pair_v(i: u32) -> vec2<f32> { return finite_or_zero(vec2<f32>(v_in[2u * i], v_in[2u * i + 1u])); }\n"
             }
             InputType::F16 => {
                 "alias IN_T = u32;\n\
-                 fn in_pair_k(i: u32) -> vec2<f32> { return unpack2x16float(k_in[i]); }\n\
-                 fn in_pair_v(i: u32) -> vec2<f32> { return unpack2x16float(v_in[i]); }\n"
+                 fn in_pair_k(i: u32) -> vec2<f32> { return finite_or_zero(unpack2x16float(k_in[i])); }\n\
+                 fn in_pair_v(i: u32) -> vec2<f32> { return finite_or_zero(unpack2x16float(v_in[i])); }\n"
             }
         }
     }

@@ -30,7 +30,7 @@ pub mod memory;
 pub mod reference;
 pub mod spec;
 
-pub use cache::{AppendInput, AttendIo, KvCache, Layout};
+pub use cache::{AppendInput, AttendIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};
 pub use context::{Capabilities, GpuContext, TransferStats};
 pub use error::{KvqError, Result};

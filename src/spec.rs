@@ -3,6 +3,9 @@
 use crate::codec::KvCodecs;
 use crate::error::{KvqError, Result};
 
+/// Most (layer, sequence) pairs a cache may hold (`layers * batch`).
+pub const MAX_LENGTHS: u64 = 1 << 20;
+
 /// What a [`crate::KvCache`] holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheSpec {
@@ -119,6 +122,14 @@ impl CacheSpec {
             return bad(format!(
                 "batch x kv_heads ({} x {}) must be at most 65535",
                 self.batch, self.kv_heads
+            ));
+        }
+        if self.layers as u64 * self.batch as u64 > MAX_LENGTHS {
+            // One length and one overflow flag per (layer, sequence) in one small buffer, and
+            // counts that stay far from u32 overflow in the kernels' index arithmetic.
+            return bad(format!(
+                "layers x batch ({} x {}) must be at most {MAX_LENGTHS}",
+                self.layers, self.batch
             ));
         }
         if let Some(s) = self.scale

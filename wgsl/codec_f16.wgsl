@@ -21,7 +21,10 @@ fn @SIDE@_load_levels(lid: u32) {}
 fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {}
 
 // Encode task `task` (of @S@_TASKS = D/2 per row): one word, values 2 task and 2 task + 1.
-// `src` is the pair index of the row's first value in the input.
+// `src` is the pair index of the row's first value in the input. Values past f16's range
+// saturate at ±65504 (pack2x16float of them is indeterminate, an Inf on some drivers, which
+// would make the token's score or the output Inf/NaN).
 fn encode_@SIDE@(row: u32, src: u32, task: u32) {
-    @SIDE@_store[@SIDE@_vec_index(row, task / @LANES@)][task % @LANES@] = pack2x16float(in_pair_@SIDE@(src + task));
+    let x = clamp(in_pair_@SIDE@(src + task), vec2<f32>(-65504.0), vec2<f32>(65504.0));
+    @SIDE@_store[@SIDE@_vec_index(row, task / @LANES@)][task % @LANES@] = pack2x16float(x);
 }

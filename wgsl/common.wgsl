@@ -50,3 +50,11 @@ fn f16_round(x: f32) -> f32 {
     let m = bitcast<u32>(x);
     return bitcast<f32>((m + 0xfffu + ((m >> 13u) & 1u)) & 0xffffe000u);
 }
+
+// A non-finite input value (NaN or ±Inf: all exponent bits set) reads as 0, so that one bad
+// value cannot make a row's scale, its token's score or the sequence's softmax NaN or Inf
+// (the behaviour KvCache::append documents). A bit test: drivers may fold `x != x` away.
+fn finite_or_zero(x: vec2<f32>) -> vec2<f32> {
+    let e = bitcast<vec2<u32>>(x) & vec2<u32>(0x7f800000u);
+    return select(x, vec2<f32>(0.0), e == vec2<u32>(0x7f800000u));
+}

@@ -182,15 +182,21 @@ impl CodecRef {
         let l = &self.layout;
         let mut row = vec![0u32; l.words as usize];
         let b = l.code_bits;
+        // As the GPU encoders: a non-finite value is encoded as 0 (KvCache::append_input).
+        let x: Vec<f32> = x
+            .iter()
+            .map(|&v| if v.is_finite() { v } else { 0.0 })
+            .collect();
         let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         match self.codec.kind {
             CodecKind::None => {
                 for (i, &v) in x.iter().enumerate() {
+                    // f16 saturates at ±65504 rather than becoming ±Inf (wgsl/codec_f16.wgsl).
                     put_bits(
                         &mut row,
                         16 * i as u32,
                         16,
-                        f16::from_f32(v).to_bits() as u32,
+                        f16::from_f32(v.clamp(-65504.0, 65504.0)).to_bits() as u32,
                     );
                 }
             }
