@@ -65,26 +65,42 @@ fn check_attention(cache: &KvCache, rng: &mut Rng, layer: u32) -> f64 {
     worst
 }
 
+/// A cache of `name` at head_dim `d` (2 KV heads, capacity 80) holding 70 random tokens (the
+/// wide append path) then 1 more (the small path) whose K is the first token's with the first
+/// head's row zeroed when `zero_row`. Returns the cache, the 70 tokens' K and V, and the last
+/// token's K and V.
+fn filled_cache(
+    name: &str,
+    d: u32,
+    seed: u64,
+    zero_row: bool,
+) -> (KvCache, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let spec = CacheSpec::new(1, 4, 2, d, 80)
+        .with_codecs(KvCodecs::parse(name).unwrap())
+        .with_splits(2);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let mut rng = Rng(seed);
+    let len = 70 * 2 * d as usize;
+    let k: Vec<f32> = (0..len)
+        .map(|i| rng.normal() * if i % 29 == 0 { 8.0 } else { 1.0 })
+        .collect();
+    let v = rng.normals(len, 1.0);
+    cache.append_host(0, &k, &v).unwrap();
+    let mut k1 = k[..2 * d as usize].to_vec();
+    if zero_row {
+        k1[..d as usize].iter_mut().for_each(|x| *x = 0.0);
+    }
+    let v1 = v[..2 * d as usize].to_vec();
+    cache.append_host(0, &k1, &v1).unwrap();
+    (cache, k, v, k1, v1)
+}
+
 #[test]
 fn encode_matches_reference() {
     for name in ["q8_sym", "q4_sym", "k=q4,v=q8"] {
         for d in [64u32, 96, 128, 256] {
-            let codecs = KvCodecs::parse(name).unwrap();
-            let spec = CacheSpec::new(1, 4, 2, d, 80)
-                .with_codecs(codecs)
-                .with_splits(2);
-            let mut cache = KvCache::new(ctx(), spec.clone()).unwrap();
-            let mut rng = Rng(d as u64 + 1);
-            let n = 70; // the wide append path
-            let len = n * 2 * d as usize;
-            let k: Vec<f32> = (0..len)
-                .map(|i| rng.normal() * if i % 29 == 0 { 8.0 } else { 1.0 })
-                .collect();
-            let v = rng.normals(len, 1.0);
-            cache.append_host(0, &k, &v).unwrap();
-            cache
-                .append_host(0, &k[..2 * d as usize], &v[..2 * d as usize])
-                .unwrap(); // small path
+            let (cache, k, v, _, _) = filled_cache(name, d, d as u64 + 1, false);
+            let (spec, codecs, n) = (cache.spec().clone(), cache.spec().codecs, 70);
             let (krows, vrows) = cache.read_rows(0).unwrap();
             let kref = CodecRef::new(codecs.k, d, spec.seed).unwrap();
             let vref = CodecRef::new(codecs.v, d, spec.seed).unwrap();
@@ -315,23 +331,9 @@ fn rotated_encode_matches_reference() {
         ("k=iso3+qjl,v=turbo1b", 128),
     ];
     for (name, d) in names {
-        let codecs = KvCodecs::parse(name).unwrap();
-        let spec = CacheSpec::new(1, 4, 2, d, 80)
-            .with_codecs(codecs)
-            .with_splits(2);
-        let mut cache = KvCache::new(ctx(), spec.clone()).unwrap();
-        let mut rng = Rng(d as u64 + 5);
-        let n = 70; // the wide append path
-        let len = n * 2 * d as usize;
-        let k: Vec<f32> = (0..len)
-            .map(|i| rng.normal() * if i % 29 == 0 { 8.0 } else { 1.0 })
-            .collect();
-        let v = rng.normals(len, 1.0);
-        cache.append_host(0, &k, &v).unwrap();
-        // The small path, with a zero row (scale 0) in it.
-        let mut k1 = k[..2 * d as usize].to_vec();
-        k1[..d as usize].iter_mut().for_each(|x| *x = 0.0);
-        cache.append_host(0, &k1, &v[..2 * d as usize]).unwrap();
+        // The small path's token has a zero row (scale 0).
+        let (cache, k, v, k1, _) = filled_cache(name, d, d as u64 + 5, true);
+        let (spec, codecs, n) = (cache.spec().clone(), cache.spec().codecs, 70);
         let (krows, vrows) = cache.read_rows(0).unwrap();
         let kref = CodecRef::new(codecs.k, d, spec.seed).unwrap();
         let vref = CodecRef::new(codecs.v, d, spec.seed).unwrap();
