@@ -659,6 +659,8 @@ impl KvCache {
         input: InputType,
     ) -> Result<AppendInput> {
         self.check_kv_inputs(k, v, n, input)?;
+        // Built here, once, so that recording an append never compiles a pipeline.
+        self.pipes.append(input)?;
         let s = &self.spec;
         let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
             + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
@@ -717,6 +719,8 @@ impl KvCache {
     ) -> Result<StepIo> {
         self.check_kv_inputs(k, v, n, input)?;
         self.check_query_io(q, out)?;
+        // Built here, once, so that recording a step never compiles a pipeline.
+        self.pipes.step(input)?;
         let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
         let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params]);
         Ok(StepIo {

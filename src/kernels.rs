@@ -535,8 +535,9 @@ pub(crate) type Described<'a> = (
 /// Bind group layouts and pipelines of one cache.
 ///
 /// The attend pipelines are built with the cache (they validate its shape); the append and
-/// fused-step pipelines on first use, so a cache only compiles the modules it runs (several
-/// seconds each on a CPU driver).
+/// fused-step pipelines when their inputs are first prepared (`append_input`, `step_io`),
+/// never while recording, so a cache only compiles the modules it runs (several seconds each
+/// on a CPU driver).
 pub(crate) struct Pipelines {
     device: wgpu::Device,
     cfg: KernelConfig,
@@ -661,7 +662,7 @@ impl Pipelines {
         Ok(v)
     }
 
-    /// The append pipelines for `input` (built on first use).
+    /// The append pipelines for `input` (built on the first call).
     pub fn append(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 3]> {
         self.append[input as usize]
             .get_or_init(|| {
@@ -683,7 +684,7 @@ impl Pipelines {
         &self.attend
     }
 
-    /// The fused-step pipelines (split, reduce) for `input` (built on first use).
+    /// The fused-step pipelines (split, reduce) for `input` (built on the first call).
     pub fn step(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 2]> {
         self.step[input as usize]
             .get_or_init(|| {

@@ -18,15 +18,19 @@ fn v_load(row: u32, c: u32) -> array<vec4<f32>, 2> {
     var a = vec4<f32>(lv_v[lo.x], lv_v[lo.y], lv_v[lo.z], lv_v[lo.w]);
     var b = vec4<f32>(lv_v[hi.x], lv_v[hi.y], lv_v[hi.z], lv_v[hi.w]);
     if V_BLOCK32 {
-        let sbit = V_SIDE_BIT + 16u * (c / 4u);
-        let s = unpack2x16float(v_store[r + sbit / 32u])[(sbit / 16u) % 2u];
+        let s = v_half(r, V_SIDE_BIT + 16u * (c / 4u));
         a *= s;
         b *= s;
     }
     return array<vec4<f32>, 2>(a, b);
 }
 
+// The f16 at bit `bit` (16-bit aligned) of the row whose first word is `r`.
+fn v_half(r: u32, bit: u32) -> f32 {
+    return unpack2x16float(v_store[r + bit / 32u])[(bit / 16u) % 2u];
+}
+
 // The row's scale (one per row).
 fn v_row_scale(row: u32) -> f32 {
-    return unpack2x16float(v_store[row * V_WORDS + V_SIDE_BIT / 32u])[(V_SIDE_BIT / 16u) % 2u];
+    return v_half(row * V_WORDS, V_SIDE_BIT);
 }
