@@ -314,6 +314,7 @@ impl KvCache {
             kv_heads: spec.kv_heads,
             batch: spec.batch,
             capacity: spec.capacity,
+            window: spec.window,
             layers: spec.layers,
             splits,
             segments,
@@ -525,7 +526,9 @@ impl KvCache {
             .sum()
     }
 
-    /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length).
+    /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length): the
+    /// tokens appended, which with a sliding window may pass the capacity (attention then
+    /// covers the last `min(len, window)`).
     pub fn len(&self, layer: u32, seq: u32) -> Result<u32> {
         self.check_layer(layer)?;
         if seq >= self.spec.batch {
@@ -587,7 +590,7 @@ impl KvCache {
                 "append needs at least one token".into(),
             ));
         }
-        if n > s.capacity {
+        if n > s.capacity && s.window.is_none() {
             return Err(KvqError::CapacityExceeded {
                 layer: 0,
                 len: 0,
@@ -731,15 +734,17 @@ impl KvCache {
     }
 
     /// Refuses (with the host mirror unchanged) an append of `n` tokens that would pass the
-    /// capacity of any sequence of `layer`; otherwise advances the mirror.
+    /// capacity of any sequence of `layer` (for a sliding window, which never fills: the range
+    /// of its u32 position count); otherwise advances the mirror.
     fn reserve(&mut self, layer: u32, n: u32) -> Result<()> {
         self.check_layer(layer)?;
         let b = self.spec.batch as usize;
+        let limit = match self.spec.window {
+            Some(_) => u32::MAX as u64,
+            None => self.spec.capacity as u64,
+        };
         let lens = &mut self.host_lens[layer as usize * b..(layer as usize + 1) * b];
-        if let Some(&len) = lens
-            .iter()
-            .find(|&&l| l as u64 + n as u64 > self.spec.capacity as u64)
-        {
+        if let Some(&len) = lens.iter().find(|&&l| l as u64 + n as u64 > limit) {
             return Err(KvqError::CapacityExceeded {
                 layer,
                 len,
@@ -1026,6 +1031,11 @@ impl KvCache {
     /// rejecting drafted tokens, say) and clears its overflow flags. Nothing is reallocated; the
     /// rows past `len` are overwritten by later appends.
     ///
+    /// With a sliding window, the ring holds a sequence's last `capacity` tokens, so a cut is
+    /// refused (nothing changed) when the window ending at `len` would need a token the ring
+    /// has already overwritten: allowed while the sequence holds at most `capacity` tokens, or
+    /// when `len >= current - (capacity - window)`. [`KvCache::reset`] (`len` 0) always works.
+    ///
     /// The new lengths are written through the queue and submitted at once, so they land after
     /// everything already submitted: submit any recorded work on this cache first.
     pub fn truncate(&mut self, seq: u32, len: u32) -> Result<()> {
@@ -1042,6 +1052,18 @@ impl KvCache {
                 return Err(KvqError::InvalidSpec(format!(
                     "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur}"
                 )));
+            }
+            if let Some(w) = s.window {
+                // Oldest position still in the ring, and oldest the window at `len` needs.
+                let kept = cur.saturating_sub(s.capacity);
+                if len > 0 && len.saturating_sub(w) < kept {
+                    return Err(KvqError::InvalidSpec(format!(
+                        "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur} and its ring of {} slots no longer has position {} that a window of {w} ending there needs (at most {} tokens can be rolled back now)",
+                        s.capacity,
+                        len.saturating_sub(w),
+                        cur - (kept + w).min(cur)
+                    )));
+                }
             }
         }
         let n = s.layers * s.batch;
@@ -1074,9 +1096,10 @@ impl KvCache {
         Ok((all[..n].to_vec(), all[n..].to_vec()))
     }
 
-    /// Reads the stored rows of `layer` in logical order: K then V, each
+    /// Reads the stored rows of `layer` by slot: K then V, each
     /// `[batch, kv_heads, capacity, row_words]` words exactly as the codec's row layout
-    /// defines them (storage interleaving and segments undone). For tests and diagnostics.
+    /// defines them (storage interleaving and segments undone). Slot = token position, or
+    /// position % capacity with a sliding window. For tests and diagnostics.
     pub fn read_rows(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
         self.check_layer(layer)?;
         let s = &self.spec;

@@ -448,12 +448,18 @@ pub fn scenarios() -> Vec<Scenario> {
                 .with_batch(batch)
                 .with_splits(3);
             spec.segment_tokens = seg;
+            if i % 3 == 2 {
+                // A sliding window whose ring wraps during the prefill or the steps.
+                spec.capacity = (prefill + steps).div_ceil(2).max(4);
+                spec.window = Some(spec.capacity - 2);
+            }
             let path_name = match path {
                 StepPath::Separate => "separate",
                 StepPath::Fused => "fused",
             };
+            let window = spec.window.map(|w| format!("-w{w}")).unwrap_or_default();
             let name = format!(
-                "{}-d{d}-g{}-b{batch}-n{prefill}-{path_name}",
+                "{}-d{d}-g{}-b{batch}-n{prefill}{window}-{path_name}",
                 pair.name().replace([',', '='], "_").replace('+', "p"),
                 qh / kvh
             );
@@ -807,7 +813,7 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
         )));
     }
     let total = sc.prefill as u64 + sc.steps as u64;
-    if sc.layer >= s.layers || total > s.capacity as u64 {
+    if sc.layer >= s.layers || (total > s.capacity as u64 && s.window.is_none()) {
         return Err(KvqError::InvalidSpec(format!(
             "scenario '{}': layer {} of {} and {} tokens in capacity {}",
             sc.name, sc.layer, s.layers, total, s.capacity
@@ -951,10 +957,14 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
                 .iter()
                 .map(|&x| x as f64)
                 .collect();
-            let (kd, vd) = (dequant(&kref, &ks[seq]), dequant(&vref, &vs[seq]));
+            // A sliding window attends its last `window` tokens only.
+            let len = ks[seq].len() / (kvh * d);
+            let first = (len - len.min(s.window.unwrap_or(s.capacity) as usize)) * kvh * d;
+            let (ks, vs) = (&ks[seq][first..], &vs[seq][first..]);
+            let (kd, vd) = (dequant(&kref, ks), dequant(&vref, vs));
             if s.codecs.k.qjl {
                 // Scores from the QJL estimator over the encoded rows, as the GPU computes.
-                let rows: Vec<Vec<u32>> = ks[seq].chunks(d).map(|x| kref.encode(x)).collect();
+                let rows: Vec<Vec<u32>> = ks.chunks(d).map(|x| kref.encode(x)).collect();
                 let scale = s.softmax_scale() as f64;
                 want.extend(reference::attention_with_scores(
                     &vd,

@@ -60,8 +60,11 @@ pub struct KernelConfig {
     pub kv_heads: u32,
     /// Batch (sequences).
     pub batch: u32,
-    /// Capacity in tokens.
+    /// Capacity in tokens (slots per sequence; a ring of them with a sliding window).
     pub capacity: u32,
+    /// Sliding window: attend only the last this many tokens, keeping the last `capacity` in a
+    /// ring (see [`crate::CacheSpec::window`]). `None`: attend everything, up to `capacity`.
+    pub window: Option<u32>,
     /// Layers.
     pub layers: u32,
     /// Decode splits per storage segment.
@@ -96,6 +99,8 @@ impl KernelConfig {
         h += &c("QH", self.kv_heads * self.gqa);
         h += &c("B", self.batch);
         h += &c("CAP", self.capacity);
+        h += &c("WIN", self.window.unwrap_or(self.capacity));
+        h += &format!("const RING: bool = {};\n", self.window.is_some());
         h += &c("LAYERS", self.layers);
         h += &c("NSPLIT", self.splits);
         h += &c("SPLITS_TOTAL", self.splits_total());

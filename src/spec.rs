@@ -17,8 +17,16 @@ pub struct CacheSpec {
     pub kv_heads: u32,
     /// Values per head vector (64, 96, 128 and 256 are tested).
     pub head_dim: u32,
-    /// Tokens each sequence can hold.
+    /// Tokens each sequence can hold. With a [`CacheSpec::window`], the ring of slots holding
+    /// each sequence's last `capacity` tokens.
     pub capacity: u32,
+    /// Sliding window: attention covers only each sequence's last `window` tokens (the new
+    /// ones included), as models with sliding-window layers need. The sequence length keeps
+    /// counting every token appended (positions), never fills, and the store keeps the last
+    /// `capacity` tokens in a ring; `capacity - window` is how far [`crate::KvCache::truncate`]
+    /// can roll back past the point where the ring wrapped. `None`: attend everything, and an
+    /// append past `capacity` is refused.
+    pub window: Option<u32>,
     /// Independent sequences in the cache (each with its own length on the GPU).
     pub batch: u32,
     /// Codecs for K and V.
@@ -53,6 +61,7 @@ impl CacheSpec {
             head_dim,
             capacity,
             batch: 1,
+            window: None,
             codecs: KvCodecs::NONE,
             scale: None,
             seed: 0x6b76_715f_7365_6564,
@@ -71,6 +80,12 @@ impl CacheSpec {
     /// Sets the batch size.
     pub fn with_batch(mut self, batch: u32) -> CacheSpec {
         self.batch = batch;
+        self
+    }
+
+    /// Makes the cache a sliding window of `window` tokens (see [`CacheSpec::window`]).
+    pub fn with_window(mut self, window: u32) -> CacheSpec {
+        self.window = Some(window);
         self
     }
 
@@ -113,6 +128,14 @@ impl CacheSpec {
         }
         if self.capacity == 0 {
             return bad("capacity must be at least 1 token".into());
+        }
+        if let Some(w) = self.window
+            && !(1..=self.capacity).contains(&w)
+        {
+            return bad(format!(
+                "window {w} must be between 1 and the capacity ({})",
+                self.capacity
+            ));
         }
         if self.batch == 0 {
             return bad("batch must be at least 1".into());

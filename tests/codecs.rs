@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{Rng, attend_poisoned, ctx, rel_err};
+use common::{Rng, attend_poisoned, ctx, reference_over_rows, rel_err};
 use kvq::codec::CodecRef;
-use kvq::{CacheSpec, KvCache, KvCodecs, reference};
+use kvq::{CacheSpec, KvCache, KvCodecs};
 
 const TOL: f64 = 1e-3;
 
@@ -26,41 +26,17 @@ fn append(cache: &mut KvCache, rng: &mut Rng, layer: u32, n: usize) {
 /// reference encoder in `encode_matches_reference`).
 fn check_attention(cache: &KvCache, rng: &mut Rng, layer: u32) -> f64 {
     let s = cache.spec().clone();
-    let (d, kvh, qh) = (s.head_dim as usize, s.kv_heads as usize, s.q_heads as usize);
-    let kref = CodecRef::new(s.codecs.k, s.head_dim, s.seed).unwrap();
-    let vref = CodecRef::new(s.codecs.v, s.head_dim, s.seed).unwrap();
     let (krows, vrows) = cache.read_rows(layer).unwrap();
-    let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
-    let q = rng.normals(s.batch as usize * qh * d, 1.5);
+    let n = (s.q_heads * s.head_dim) as usize;
+    let q = rng.normals(s.batch as usize * n, 1.5);
     let out = attend_poisoned(cache, layer, &q);
     let mut worst = 0.0f64;
     for b in 0..s.batch as usize {
         let len = cache.len(layer, b as u32).unwrap() as usize;
-        // Reference K/V: [len, kv_heads, d] from the GPU rows, decoded on the CPU in f64.
-        let mut k = Vec::with_capacity(len * kvh * d);
-        let mut v = Vec::with_capacity(len * kvh * d);
-        for t in 0..len {
-            for h in 0..kvh {
-                let r = (b * kvh + h) * s.capacity as usize + t;
-                k.extend(kref.decode(&krows[r * kw..(r + 1) * kw]));
-                v.extend(vref.decode(&vrows[r * vw..(r + 1) * vw]));
-            }
-        }
-        let qb: Vec<f64> = q[b * qh * d..(b + 1) * qh * d]
-            .iter()
-            .map(|&x| x as f64)
-            .collect();
-        let want = if s.codecs.k.qjl {
-            // Scores from the QJL estimator, which the GPU computes from the sign bits.
-            let scale = s.softmax_scale() as f64;
-            reference::attention_with_scores(&v, qh, kvh, d, |q, h, t| {
-                let r = (b * kvh + h) * s.capacity as usize + t;
-                scale * kref.ip_estimate(&krows[r * kw..(r + 1) * kw], &qb[q * d..(q + 1) * d])
-            })
-        } else {
-            reference::attention(&qb, &k, &v, qh, kvh, d, s.softmax_scale() as f64)
-        };
-        worst = worst.max(rel_err(&out[b * qh * d..(b + 1) * qh * d], &want));
+        let slots: Vec<usize> = (0..len).collect();
+        let qb = &q[b * n..(b + 1) * n];
+        let want = reference_over_rows(&s, &krows, &vrows, b, &slots, qb);
+        worst = worst.max(rel_err(&out[b * n..(b + 1) * n], &want));
     }
     worst
 }

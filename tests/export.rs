@@ -32,6 +32,7 @@ fn configs() -> Vec<KernelConfig> {
                 splits: 3,
                 segments: 2,
                 min_chunk: 32,
+                window: None,
                 scale: 1.0 / (d as f32).sqrt(),
                 workgroup: 128,
                 k,

@@ -47,6 +47,8 @@ fn configs() -> Vec<KernelConfig> {
                 splits: 16,
                 segments: 2,
                 min_chunk: 32,
+                // Every third configuration is a sliding window (ring indexing).
+                window: (i % 3 == 1).then_some(3000),
                 scale: 1.0 / (d as f32).sqrt(),
                 workgroup: 128,
                 k,

@@ -172,17 +172,28 @@ fn op() -> impl Strategy<Value = Op> {
 /// Runs `ops` on one cache of the given shape against a host model of the lengths: every call
 /// must return what the model predicts (Ok or the typed error), a refused call must change
 /// nothing, and the GPU's lengths must equal the model's at the end.
-fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize), ops: &[Op]) {
-    let (d, kvh, gqa, capacity, batch, layers, codec) = shape;
+fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize, Option<u32>), ops: &[Op]) {
+    let (d, kvh, gqa, capacity, batch, layers, codec, window) = shape;
     let codec = ["none", "q8_sym", "k_q4", "turbo3_sym"][codec];
-    let spec = CacheSpec::new(layers, kvh * gqa, kvh, d, capacity)
+    let mut spec = CacheSpec::new(layers, kvh * gqa, kvh, d, capacity)
         .with_batch(batch)
         .with_codecs(KvCodecs::parse(codec).unwrap());
+    // A sliding window (a ring that never fills) on some shapes.
+    spec.window = window.map(|w| 1 + w % capacity);
+    let ring = spec.window.is_some();
+    // Whether appending n tokens to a sequence at l must be refused.
+    let too_many = |l: u32, n: u32| !ring && l + n > capacity;
+    // Whether cutting a sequence at cur back to len loses a token the window at len needs.
+    let lost = |cur: u32, len: u32| {
+        spec.window
+            .is_some_and(|w| len > 0 && len.saturating_sub(w) < cur.saturating_sub(capacity))
+    };
     let t0 = std::time::Instant::now();
     let made = KvCache::new(ctx(), spec.clone());
     eprintln!(
         "case {codec} head_dim {d}, kv_heads {kvh}, gqa {gqa}, capacity {capacity}, batch {batch}, \
-         layers {layers}: cache in {:.1} s, {} ops",
+         layers {layers}, window {:?}: cache in {:.1} s, {} ops",
+        spec.window,
         t0.elapsed().as_secs_f64(),
         ops.len()
     );
@@ -201,9 +212,8 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize), ops: &[Op]) {
             Op::Append { layer, n } => {
                 let k = rng.normals(per_tok * n as usize, 1.0);
                 let v = rng.normals(per_tok * n as usize, 1.0);
-                let refused = layer < layers
-                    && n > 0
-                    && lens[layer as usize].iter().any(|&l| l + n > capacity);
+                let refused =
+                    layer < layers && n > 0 && lens[layer as usize].iter().any(|&l| too_many(l, n));
                 let before = refused.then(|| cache.read_rows(layer).unwrap());
                 let r = cache.append_host(layer, &k, &v);
                 if let Some(before) = before {
@@ -217,7 +227,7 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize), ops: &[Op]) {
                     assert!(matches!(r, Err(KvqError::LayerOutOfRange { .. })), "{r:?}");
                 } else if n == 0 {
                     assert!(matches!(r, Err(KvqError::WrongLength { .. })), "{r:?}");
-                } else if lens[layer as usize].iter().any(|&l| l + n > capacity) {
+                } else if lens[layer as usize].iter().any(|&l| too_many(l, n)) {
                     assert!(matches!(r, Err(KvqError::CapacityExceeded { .. })), "{r:?}");
                 } else {
                     r.unwrap();
@@ -238,7 +248,11 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize), ops: &[Op]) {
             }
             Op::Truncate { seq, len } => {
                 let r = cache.truncate(seq, len);
-                if seq >= batch || lens.iter().any(|l| len > l[seq as usize]) {
+                if seq >= batch
+                    || lens
+                        .iter()
+                        .any(|l| len > l[seq as usize] || lost(l[seq as usize], len))
+                {
                     assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
                 } else {
                     r.unwrap();
@@ -302,6 +316,7 @@ proptest! {
             1u32..=3,
             1u32..=2,
             0usize..4,
+            prop::option::of(0u32..200),
         ),
         ops in prop::collection::vec(op(), 1..24),
     ) {

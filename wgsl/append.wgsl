@@ -34,17 +34,22 @@ const ROW_TASKS: u32 = K_TASKS + V_TASKS;
 // The divisor for task indices (never zero, even when no task exists).
 const TASK_DIV: u32 = max(ROW_TASKS, 1u);
 
+// Of n new tokens, the first one written: a ring keeps only the last CAP.
+fn first_kept(n: u32) -> u32 {
+    return n - min(n, CAP);
+}
+
 // Runs task i (of n * KVH * ROW_TASKS) of sequence b's new rows, whose first position is
-// `base`, if its position lies in this segment.
+// `base`, if its slot lies in this segment.
 fn write_task(b: u32, base: u32, i: u32) {
     let t = i / (KVH * TASK_DIV);
-    let pos = base + t;
-    if pos < seg.seg_start || pos >= seg.seg_start + seg.seg_tokens {
+    let slot = ring_slot(base + t);
+    if t < first_kept(input.n) || !in_seg(slot, seg) {
         return;
     }
     let h = (i / TASK_DIV) % KVH;
     let task = i % TASK_DIV;
-    let row = seg_row(b, h, pos, seg);
+    let row = seg_row(b, h, slot, seg);
     let src = ((b * input.n + t) * KVH + h) * (D / 2u);
     if task < K_TASKS {
         encode_k(row, src, task);
@@ -54,16 +59,16 @@ fn write_task(b: u32, base: u32, i: u32) {
 }
 
 // Lists new rows r0 .. r0 + nr (row i = token i / KVH, head i % KVH) of sequence b for
-// encode_rows; rows outside this segment are computed but not written.
+// encode_rows; rows outside this segment (or dropped from a ring) are computed, not written.
 fn list_rows(lid: u32, b: u32, base: u32, r0: u32, nr: u32) {
     if lid < nr {
         let i = r0 + lid;
         let t = i / KVH;
         let h = i % KVH;
-        let pos = base + t;
+        let slot = ring_slot(base + t);
         var dst = NO_ROW;
-        if pos >= seg.seg_start && pos < seg.seg_start + seg.seg_tokens {
-            dst = seg_row(b, h, pos, seg);
+        if t >= first_kept(input.n) && in_seg(slot, seg) {
+            dst = seg_row(b, h, slot, seg);
         }
         enc_dst[lid] = dst;
         enc_src[lid] = ((b * input.n + t) * KVH + h) * (D / 2u);
@@ -79,10 +84,10 @@ fn encode_range(lid: u32, b: u32, base: u32, first: u32, last: u32) {
     }
 }
 
-// Overflow (base + n > CAP) writes nothing and raises the sequence's overflow flag instead.
+// Overflow (base + n > CAP, never for a ring) writes nothing and raises the sequence's overflow flag instead.
 fn commit(b: u32, base: u32) {
     let li = len_index(seg.layer, b);
-    if base + input.n <= CAP {
+    if fits(base, input.n) {
         lens[li] = base + input.n;
     } else {
         lens[LAYERS * B + li] = 1u;
@@ -97,7 +102,7 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
         base_sh = lens[len_index(seg.layer, b)];
     }
     let base = workgroupUniformLoad(&base_sh);
-    if base + input.n <= CAP {
+    if fits(base, input.n) {
         for (var i = lid; i < input.n * KVH * ROW_TASKS; i += APPEND_WG) {
             write_task(b, base, i);
         }
@@ -120,7 +125,7 @@ fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
         base_sh = lens[len_index(seg.layer, b)];
     }
     let base = workgroupUniformLoad(&base_sh);
-    if base + input.n > CAP {
+    if !fits(base, input.n) {
         return;
     }
     if COOP {

@@ -4,6 +4,6 @@ fn step_tokens(len: u32) -> u32 {
     return 0u;
 }
 
-fn write_new_rows(lid: u32, b: u32, h: u32, len: u32, first: u32, last: u32) {}
+fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {}
 
 fn commit_step(b: u32) {}

@@ -25,6 +25,51 @@ fn seg_row(b: u32, h: u32, pos: u32, s: Seg) -> u32 {
     return (b * KVH + h) * s.seg_tokens + (pos - s.seg_start);
 }
 
+// Token positions are logical: the count of tokens appended to the sequence before it. A
+// sliding-window cache (RING) keeps the last CAP positions in a ring of CAP slots, position p
+// in slot p % CAP, and attends the last WIN of them; otherwise slot = position and WIN = CAP.
+fn ring_slot(p: u32) -> u32 {
+    if RING {
+        return p % CAP;
+    }
+    return p;
+}
+
+// Whether n more tokens fit after len: a ring never fills (only its u32 count could wrap).
+fn fits(len: u32, n: u32) -> bool {
+    if RING {
+        return len + n >= len;
+    }
+    return len + n <= CAP;
+}
+
+// The slots of positions [x, y) (y - x <= CAP) that lie in segment s, in position order, as
+// two runs of segment-local slots: (first slot of run 1, its length, length of run 2). Run 2
+// (a ring's wrap past slot CAP - 1 back to slot 0) starts at the segment's first slot.
+fn seg_runs(x: u32, y: u32, s: Seg) -> vec3<u32> {
+    let a = ring_slot(x);
+    let e = a + (y - x);
+    let lo = s.seg_start;
+    let hi = s.seg_start + s.seg_tokens;
+    let r1s = clamp(a, lo, hi);
+    let r1e = clamp(min(e, CAP), lo, hi);
+    let r2e = clamp(max(e, CAP) - CAP, lo, hi);
+    return vec3<u32>(r1s - lo, r1e - r1s, r2e - lo);
+}
+
+// Segment-local slot of the u-th position of runs r (u < r.y + r.z).
+fn run_slot(u: u32, r: vec3<u32>) -> u32 {
+    if RING && u >= r.y {
+        return u - r.y;
+    }
+    return r.x + u;
+}
+
+// Whether absolute slot p lies in segment s.
+fn in_seg(p: u32, s: Seg) -> bool {
+    return p >= s.seg_start && p < s.seg_start + s.seg_tokens;
+}
+
 // K rows are interleaved in blocks of KB tokens: 16-byte chunk w of the KB tokens of a block
 // lie side by side, so a thread-per-token read of chunk w is one contiguous, coalesced access.
 // (V rows stay plain: V is read a row at a time across threads.) seg_tokens is a multiple of KB.

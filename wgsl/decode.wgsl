@@ -116,21 +116,27 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         len_sh = lens[len_index(seg.layer, b)];
     }
     let len = workgroupUniformLoad(&len_sh);
-    // Splits 1..=NSPLIT share the stored positions of this segment; split 0 takes the
-    // tokens a fused step appends (wgsl/step.wgsl; none for a plain attend): it encodes their
-    // rows and attends them, so encoding runs beside the other splits, not before them.
-    let seg_end = seg.seg_start + seg.seg_tokens;
+    // The window is the last WIN positions up to and including the new tokens (all of them
+    // unless the cache is a sliding window). Splits 1..=NSPLIT share its stored positions in
+    // this segment; split 0 takes the tokens a fused step appends (wgsl/step.wgsl; none for a
+    // plain attend): it encodes their rows and attends them, so encoding runs beside the
+    // other splits, not before them. Positions become slots through `runs` (wgsl/common.wgsl).
     let total = len + step_tokens(len);
-    let stored = clamp(len, seg.seg_start, seg_end) - seg.seg_start;
-    var start = stored;
-    var end = clamp(total, seg.seg_start, seg_end) - seg.seg_start;
+    let lo = total - min(total, WIN);
+    var runs: vec3<u32>;
+    var start = 0u;
+    var end = 0u;
     if s > 0u {
+        runs = seg_runs(min(lo, len), len, seg);
+        let stored = runs.y + runs.z;
         let chunk = max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK);
         start = min((s - 1u) * chunk, stored);
         end = min(start + chunk, stored);
-    } else if end > start {
+    } else {
+        runs = seg_runs(max(len, lo), total, seg);
+        end = runs.y + runs.z;
         // This workgroup alone writes and reads the new rows.
-        write_new_rows(lid, b, h, len, start + seg.seg_start, end + seg.seg_start);
+        write_new_rows(lid, b, h, len);
         storageBarrier();
     }
     if K_ROTATED {
@@ -150,7 +156,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         // Keys: one token per thread; k_scores sets sc$g.
         sc$g = 0.0;
         if lid < tn {
-            k_scores(row0 + t0 + lid);
+            k_scores(row0 + run_slot(t0 + lid, runs));
         }
         let s4 = lid / 4u;
         s_sh[$g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc$g, lid < tn);
@@ -165,7 +171,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         m$g = mn$g;
         p_sh[$g * WG + lid] = select(0.0, exp(sc$g - mn$g), lid < tn);
         if V_VSCALE {
-            vs_sh[lid] = select(0.0, v_row_scale(row0 + t0 + lid), lid < tn);
+            vs_sh[lid] = select(0.0, v_row_scale(row0 + run_slot(t0 + lid, runs)), lid < tn);
         }
         workgroupBarrier();
         // Values: thread (c, j) accumulates columns VW c .. VW c + VW - 1 over tokens j, j+J, ...
@@ -177,8 +183,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             // token would leave the loop waiting on memory latency once per token.
             var i = j;
             for (; i + (VB - 1u) * J < tn; i += VB * J) {
-                let r = row0 + t0 + i;
-                let v$w = v_load(r + $w * J, c);
+                let v$w = v_load(row0 + run_slot(t0 + i + $w * J, runs), c);
                 var vs$w = 1.0;
                 if V_VSCALE { vs$w = vs_sh[i + $w * J]; }
                 let p$g$w = p_sh[$g * WG + i + $w * J];
@@ -187,7 +192,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
                 l$g += p$g$w;
             }
             for (; i < tn; i += J) {
-                let v = v_load(row0 + t0 + i, c);
+                let v = v_load(row0 + run_slot(t0 + i, runs), c);
                 var vs = 1.0;
                 if V_VSCALE { vs = vs_sh[i]; }
                 let p$g = p_sh[$g * WG + i];

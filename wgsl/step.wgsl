@@ -16,31 +16,39 @@ struct StepInput {
 
 // Tokens this step appends: all of them, or none when they would pass the capacity.
 fn step_tokens(len: u32) -> u32 {
-    return select(0u, input.n, len + input.n <= CAP);
+    return select(0u, input.n, fits(len, input.n));
 }
 
-// Writes kv head h's rows of sequence b for positions [max(first, len), last).
-fn write_new_rows(lid: u32, b: u32, h: u32, len: u32, first: u32, last: u32) {
-    let p0 = max(first, len);
-    if last <= p0 {
+// Writes kv head h's rows of sequence b for the new positions len .. len + n that lie in this
+// segment (of more than CAP new tokens, a ring keeps the last CAP). Arguments are uniform.
+fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
+    let n = step_tokens(len);
+    let t0 = n - min(n, CAP);
+    let runs = seg_runs(len + t0, len + n, seg);
+    if runs.y + runs.z == 0u {
         return;
     }
     let tasks = K_TASKS + V_TASKS;
     if COOP {
-        for (var r0 = p0; r0 < last; r0 += ER) {
-            let nr = min(ER, last - r0);
+        for (var r0 = t0; r0 < n; r0 += ER) {
+            let nr = min(ER, n - r0);
             if lid < nr {
-                enc_dst[lid] = seg_row(b, h, r0 + lid, seg);
-                enc_src[lid] = ((b * input.n + (r0 + lid - len)) * KVH + h) * (D / 2u);
+                let slot = ring_slot(len + r0 + lid);
+                enc_dst[lid] = select(NO_ROW, seg_row(b, h, slot, seg), in_seg(slot, seg));
+                enc_src[lid] = ((b * n + r0 + lid) * KVH + h) * (D / 2u);
             }
             encode_rows(lid, WG, nr);
         }
     }
-    for (var i = lid; i < (last - p0) * tasks; i += WG) {
-        let pos = p0 + i / max(tasks, 1u);
+    for (var i = lid; i < (n - t0) * tasks; i += WG) {
+        let t = t0 + i / max(tasks, 1u);
         let task = i % max(tasks, 1u);
-        let row = seg_row(b, h, pos, seg);
-        let src = ((b * input.n + (pos - len)) * KVH + h) * (D / 2u);
+        let slot = ring_slot(len + t);
+        if !in_seg(slot, seg) {
+            continue;
+        }
+        let row = seg_row(b, h, slot, seg);
+        let src = ((b * n + t) * KVH + h) * (D / 2u);
         if task < K_TASKS {
             encode_k(row, src, task);
         } else {
@@ -53,7 +61,7 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32, first: u32, last: u32) {
 fn commit_step(b: u32) {
     let li = len_index(seg.layer, b);
     let len = lens[li];
-    if len + input.n <= CAP {
+    if fits(len, input.n) {
         lens[li] = len + input.n;
     } else {
         lens[LAYERS * B + li] = 1u;

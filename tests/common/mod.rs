@@ -119,3 +119,46 @@ pub fn read_f32(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
     rb.unmap();
     out
 }
+
+/// f64 attention of sequence `b`'s query `q` (`[q_heads, head_dim]`) over the stored rows
+/// `krows`, `vrows` (as from [`KvCache::read_rows`]) at `slots`, decoded by the CPU reference
+/// codecs. With QJL on K the scores come from the QJL estimator, as the GPU computes them.
+pub fn reference_over_rows(
+    spec: &kvq::CacheSpec,
+    krows: &[u32],
+    vrows: &[u32],
+    b: usize,
+    slots: &[usize],
+    q: &[f32],
+) -> Vec<f64> {
+    use kvq::codec::CodecRef;
+    let (d, kvh, qh) = (
+        spec.head_dim as usize,
+        spec.kv_heads as usize,
+        spec.q_heads as usize,
+    );
+    let kref = CodecRef::new(spec.codecs.k, spec.head_dim, spec.seed).unwrap();
+    let vref = CodecRef::new(spec.codecs.v, spec.head_dim, spec.seed).unwrap();
+    let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
+    let row = |h: usize, t: usize| (b * kvh + h) * spec.capacity as usize + slots[t];
+    // [len, kv_heads, d] in position order.
+    let mut k = Vec::with_capacity(slots.len() * kvh * d);
+    let mut v = Vec::with_capacity(slots.len() * kvh * d);
+    for t in 0..slots.len() {
+        for h in 0..kvh {
+            let r = row(h, t);
+            k.extend(kref.decode(&krows[r * kw..(r + 1) * kw]));
+            v.extend(vref.decode(&vrows[r * vw..(r + 1) * vw]));
+        }
+    }
+    let qb: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+    let scale = spec.softmax_scale() as f64;
+    if spec.codecs.k.qjl {
+        kvq::reference::attention_with_scores(&v, qh, kvh, d, |qi, h, t| {
+            let r = row(h, t);
+            scale * kref.ip_estimate(&krows[r * kw..(r + 1) * kw], &qb[qi * d..(qi + 1) * d])
+        })
+    } else {
+        kvq::reference::attention(&qb, &k, &v, qh, kvh, d, scale)
+    }
+}
