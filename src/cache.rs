@@ -172,6 +172,11 @@ struct HostQuery {
 /// Storage is allocated once, at creation. Sequence lengths live on the GPU, one per (layer,
 /// sequence); kvq keeps a host mirror of what it has recorded, to refuse appends past the
 /// capacity before they reach the GPU. The GPU checks again and writes nothing on overflow.
+///
+/// Caller buffers must belong to the cache's device. One of another device of the same
+/// `wgpu::Instance` is a [`KvqError::BadBuffer`] when it is bound (`append_input`,
+/// `attend_io`, `step_io`); wgpu's safe API gives no way to recognise a buffer of another
+/// `wgpu::Instance`, so that case cannot be checked.
 pub struct KvCache {
     ctx: GpuContext,
     spec: CacheSpec,
@@ -633,8 +638,26 @@ impl KvCache {
         Ok(buf)
     }
 
-    fn bind(&self, label: &str, layout: &wgpu::BindGroupLayout, bufs: &[&wgpu::Buffer]) -> Bound {
-        bind_buffers(&self.ctx.device, label, layout, bufs)
+    /// Binds caller buffers; a buffer wgpu refuses to bind (one of another device, say) is a
+    /// typed error here rather than a report to the device's uncaptured-error handler.
+    fn bind(
+        &self,
+        label: &str,
+        layout: &wgpu::BindGroupLayout,
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<Bound> {
+        let scope = self
+            .ctx
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let bound = bind_buffers(&self.ctx.device, label, layout, bufs);
+        match pollster::block_on(scope.pop()) {
+            None => Ok(bound),
+            Some(e) => Err(KvqError::BadBuffer {
+                what: label.into(),
+                problem: format!("wgpu cannot bind it to this cache's device: {e}"),
+            }),
+        }
     }
 
     /// The pipelines this cache records (for [`crate::export`]).
@@ -689,7 +712,7 @@ impl KvCache {
             "kvq append input",
             &self.pipes.append_input,
             &[k, v, &params],
-        );
+        )?;
         Ok(AppendInput {
             bind_group,
             n,
@@ -704,7 +727,7 @@ impl KvCache {
     pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
         self.check_query_io(q, out)?;
         Ok(AttendIo {
-            bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out]),
+            bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out])?,
         })
     }
 
@@ -725,7 +748,7 @@ impl KvCache {
         // Built here, once, so that recording a step never compiles a pipeline.
         self.pipes.step(input)?;
         let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
-        let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params]);
+        let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params])?;
         Ok(StepIo {
             bind_group,
             n,

@@ -110,7 +110,7 @@ pub enum KvqError {
         /// Given element count.
         got: usize,
     },
-    /// A caller's GPU buffer that is too small, or lacks a usage.
+    /// A caller's GPU buffer that is too small, lacks a usage, or belongs to another device.
     #[error("buffer '{what}': {problem}")]
     BadBuffer {
         /// Which argument.
@@ -118,7 +118,7 @@ pub enum KvqError {
         /// What is wrong with it.
         problem: String,
     },
-    /// The buffer was created on a different device than the cache.
+    /// Anything else (an internal inconsistency kvq detected, with what it found).
     #[error("{0}")]
     Other(String),
 }

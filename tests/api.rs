@@ -226,3 +226,57 @@ fn f16_input_matches_reference() {
     let e = rel_err(&got, &want);
     assert!(e <= 1e-3, "rel err {e:e}");
 }
+
+/// Buffers of another device (of the same wgpu instance) are a typed error when bound, not a
+/// report to wgpu's uncaptured-error handler, and the cache stays usable.
+#[test]
+fn foreign_device_buffers_are_typed_errors() {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default())).unwrap();
+    let (features, limits) = kvq::GpuContext::device_requirements(&adapter).unwrap();
+    let device = || {
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .unwrap()
+    };
+    let (dev, queue) = device();
+    let (other, _) = device();
+    let ctx = kvq::GpuContext::from_device(dev.clone(), queue, adapter.get_info());
+    let mut cache = KvCache::new(&ctx, CacheSpec::new(1, 4, 2, 64, 16)).unwrap();
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let on = |d: &wgpu::Device, size: u64| {
+        d.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let (kv, qo) = (2 * 64 * 4, 4 * 64 * 4);
+    let (k, v, q) = (on(&dev, kv), on(&dev, kv), on(&dev, qo));
+    let (fk, fq) = (on(&other, kv), on(&other, qo));
+    let is_bad = |r: kvq::Result<()>| matches!(r, Err(KvqError::BadBuffer { .. }));
+    assert!(is_bad(
+        cache.append_input(&fk, &v, 1, InputType::F32).map(|_| ())
+    ));
+    assert!(is_bad(cache.attend_io(&fq, &q).map(|_| ())));
+    assert!(is_bad(
+        cache
+            .step_io(&k, &v, 1, InputType::F32, &q, &fq)
+            .map(|_| ())
+    ));
+    // Still usable with its own device's buffers.
+    let mut rng = Rng(5);
+    let n = kv as usize / 4;
+    cache
+        .append_host(0, &rng.normals(n, 1.0), &rng.normals(n, 1.0))
+        .unwrap();
+    let out = cache
+        .attend_host(0, &rng.normals(qo as usize / 4, 1.0))
+        .unwrap();
+    assert!(out.iter().all(|x| x.is_finite()));
+}
