@@ -297,7 +297,9 @@ impl KernelConfig {
         let (er, rw) = (self.encode_rows(), self.rot_width());
         let floats = 4 * qsh // q_sh
             + sqn
-            + 2 * g * wg // s_sh, p_sh
+            + g * wg // s_sh
+            + g * wg / 16 // mx_sh
+            + 4 * g.div_ceil(4) * wg // p_sh
             + self.partial_width() * g // comb
             + wg // vs_sh
             + g + 1 // lcomb, len_sh

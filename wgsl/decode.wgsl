@@ -31,7 +31,13 @@ var<workgroup> q_sh: array<vec4<f32>, QSH>;
 // S q per head for the QJL residual term (QJL only).
 var<workgroup> sq_sh: array<vec4<f32>, SQN / 4u>;
 var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
-var<workgroup> p_sh: array<f32, G * WG>;
+// Partial tile maxima: MXP per head, each over 16 scores.
+const MXP: u32 = WG / 16u;
+var<workgroup> mx_sh: array<vec4<f32>, G * MXP / 4u>;
+// Softmax weights, the G heads of a token side by side (GP vec4s per token), so the V loop
+// reads a token's weights for all heads in one or two loads.
+const GP: u32 = (G + 3u) / 4u;
+var<workgroup> p_sh: array<vec4<f32>, GP * WG>;
 var<workgroup> comb: array<vec4<f32>, G * PV4>;
 // The V row scale of each token of the tile (rotated V with one scale per row): applied
 // once per token to the softmax weight instead of to every value.
@@ -161,15 +167,22 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         let s4 = lid / 4u;
         s_sh[$g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc$g, lid < tn);
         workgroupBarrier();
+        // Tile max in two steps (a scan of every score by every thread cost as much as the K
+        // phase): MXP threads each take 16 scores per head, then all read the MXP maxima.
+        if lid < MXP {
+            let x$g = max(max(s_sh[$g * (WG / 4u) + 4u * lid], s_sh[$g * (WG / 4u) + 4u * lid + 1u]), max(s_sh[$g * (WG / 4u) + 4u * lid + 2u], s_sh[$g * (WG / 4u) + 4u * lid + 3u]));
+            mx_sh[($g * MXP + lid) / 4u][lid % 4u] = max(max(x$g.x, x$g.y), max(x$g.z, x$g.w));
+        }
+        workgroupBarrier();
         // Online softmax: every thread derives the same tile max, so m stays uniform.
         var mt$g = vec4<f32>(NEG);
-        for (var i = 0u; i < WG / 4u; i++) {
-            mt$g = max(mt$g, s_sh[$g * (WG / 4u) + i]);
+        for (var i = 0u; i < MXP / 4u; i++) {
+            mt$g = max(mt$g, mx_sh[$g * (MXP / 4u) + i]);
         }
         let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
         let alpha$g = exp(m$g - mn$g);
         m$g = mn$g;
-        p_sh[$g * WG + lid] = select(0.0, exp(sc$g - mn$g), lid < tn);
+        p_sh[lid * GP + $g / 4u][$g % 4u] = select(0.0, exp(sc$g - mn$g), lid < tn);
         if V_VSCALE {
             vs_sh[lid] = select(0.0, v_row_scale(row0 + run_slot(t0 + lid, runs)), lid < tn);
         }
@@ -186,7 +199,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
                 let v$w = v_load(row0 + run_slot(t0 + i + $w * J, runs), c);
                 var vs$w = 1.0;
                 if V_VSCALE { vs$w = vs_sh[i + $w * J]; }
-                let p$g$w = p_sh[$g * WG + i + $w * J];
+                let p$g$w = p_sh[(i + $w * J) * GP + $g / 4u][$g % 4u];
                 acc$g += (p$g$w * vs$w) * v$w[0];
                 if VW == 8u { acc2$g += (p$g$w * vs$w) * v$w[1]; }
                 l$g += p$g$w;
@@ -195,7 +208,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
                 let v = v_load(row0 + run_slot(t0 + i, runs), c);
                 var vs = 1.0;
                 if V_VSCALE { vs = vs_sh[i]; }
-                let p$g = p_sh[$g * WG + i];
+                let p$g = p_sh[i * GP + $g / 4u][$g % 4u];
                 acc$g += (p$g * vs) * v[0];
                 if VW == 8u { acc2$g += (p$g * vs) * v[1]; }
                 l$g += p$g;

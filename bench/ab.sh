@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A/B on the H200 device machine: runs every sweep binary in bench/bin/ (built here from the
+# commits under test, stripped) with the same arguments, interleaved ROUNDS times, so drift
+# between runs shows up as spread rather than as a difference.
+# Usage: ROUNDS=2 [EXTRA='--splits 128'] bash bench/ab.sh OUTDIR [sweep args...]
+set -u
+out=${1:?outdir}; shift
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export WGPU_BACKEND=vulkan
+nvidia-smi -L > "$out/device.txt"
+for r in $(seq 1 "${ROUNDS:-1}"); do
+  for bin in bench/bin/*; do
+    name=$(basename "$bin")
+    echo "== round $r $name $*"
+    "$bin" "$@" ${EXTRA:-} --csv "$out/$name-r$r.csv" > "$out/$name-r$r.log" 2>&1
+    # codec, ctx, step ms, GPU ms
+    tail -n 40 "$out/$name-r$r.log" | grep -E "^ *[a-z0-9_=,+]+ +[0-9]+ " | awk '{printf "%s %s %s %s\n", $1, $2, $3, $5}' \
+      || tail -n 5 "$out/$name-r$r.log"
+  done
+done
+# Only a few files come back from the device machine: one archive holds every CSV and log.
+(cd "$out" && tar czf "ab-$(date -u +%H%M%S).tgz" ./*.csv ./*.log && rm -f ./*.csv ./*.log)
