@@ -91,14 +91,16 @@ impl Checked {
     }
 }
 
-/// Every head_dim x GQA ratio, growing token by token across split and tile boundaries.
+/// Every head_dim x GQA ratio, growing token by token across split and tile boundaries, with
+/// every decode workgroup size in turn.
 #[test]
 fn shapes_grid_matches_reference() {
-    for &d in &[64u32, 96, 128, 256] {
-        for &g in &[1u32, 2, 4, 8] {
+    for (i, &d) in [64u32, 96, 128, 256].iter().enumerate() {
+        for (j, &g) in [1u32, 2, 4, 8].iter().enumerate() {
             let kvh = if g == 8 { 1 } else { 2 };
             // 3 splits of >= 32 tokens: boundaries at 32/64/96 then chunks of len/3.
-            let spec = CacheSpec::new(1, kvh * g, kvh, d, 300).with_splits(3);
+            let mut spec = CacheSpec::new(1, kvh * g, kvh, d, 300).with_splits(3);
+            spec.workgroup = Some([128, 64, 256][(i + j) % 3]);
             let mut c = Checked::new(spec, (d * 10 + g) as u64);
             let mut len = 0;
             for target in [
