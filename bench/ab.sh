@@ -5,9 +5,7 @@
 # Usage: ROUNDS=2 [EXTRA='--splits 128'] bash bench/ab.sh OUTDIR [sweep args...]
 set -u
 out=${1:?outdir}; shift
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export WGPU_BACKEND=vulkan
+. "$(dirname "$0")/vulkan-env.sh"
 nvidia-smi -L > "$out/device.txt"
 for r in $(seq 1 "${ROUNDS:-1}"); do
   for bin in bench/bin/*; do

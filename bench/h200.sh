@@ -5,10 +5,7 @@
 # target/release/examples/sweep carried along.
 set -u
 out=${1:?outdir}; shift
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-export WGPU_BACKEND=vulkan
+. "$(dirname "$0")/vulkan-env.sh"
 tag="h200-$(date -u +%Y-%m-%d)"
 nvidia-smi -L | tee "$out/device-$tag.txt"
 PYTHONUNBUFFERED=1 python3 bench/anchor_torch_sdpa.py > "$out/anchor-$tag.jsonl" 2> "$out/anchor-$tag.err"
