@@ -1,0 +1,314 @@
+//! What the Vulkan driver made of kvq's decode kernels: registers, spills, shared memory and
+//! whatever else it reports through `VK_KHR_pipeline_executable_properties`, per codec and
+//! entry point. wgpu does not expose these statistics, so this example translates the same
+//! WGSL to SPIR-V with naga (with wgpu's Vulkan options) and compiles it with ash on a Vulkan
+//! device of its own. Registers per invocation decide how many decode workgroups an SM holds
+//! at once, which the H200 measurements in BENCHMARKS.md point to as the limit.
+//!
+//! `cargo run --release --example kernel_stats -- --model qwen3-8b --ctx 32768 --codecs all`
+//! (`--splits`, `--workgroup` default to what a cache picks on a discrete GPU: 64 and 128).
+
+use std::ffi::CString;
+
+use ash::vk;
+use kvq::{InputType, KernelConfig, KvCodecs};
+use naga::back::spv;
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+type Error = Box<dyn std::error::Error>;
+/// A binding the shader declares: (group, binding, descriptor type).
+type Binding = (u32, u32, vk::DescriptorType);
+
+const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|tiny] [--ctx 32768] \
+[--codecs none,...|all] [--splits 64] [--workgroup 128]";
+
+/// (layers, q heads, kv heads, head_dim) of the sweep's model presets.
+fn model(name: &str) -> Option<(u32, u32, u32, u32)> {
+    match name {
+        "llama3-8b" => Some((32, 32, 8, 128)),
+        "qwen3-8b" => Some((36, 32, 8, 128)),
+        "tiny" => Some((4, 8, 2, 64)),
+        _ => None,
+    }
+}
+
+struct Args {
+    model: String,
+    ctx: u32,
+    codecs: Vec<String>,
+    splits: u32,
+    workgroup: u32,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        model: "qwen3-8b".into(),
+        ctx: 32768,
+        codecs: vec!["none".into()],
+        splits: 64,
+        workgroup: 128,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let num = |v: String| v.parse::<u32>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--model" => a.model = value()?,
+            "--ctx" => a.ctx = num(value()?)?,
+            "--codecs" => a.codecs = value()?.split(',').map(String::from).collect(),
+            "--splits" => a.splits = num(value()?)?,
+            "--workgroup" => a.workgroup = num(value()?)?,
+            "-h" | "--help" => return Err(USAGE.into()),
+            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+/// SPIR-V of `entry` in `src` as wgpu's Vulkan backend writes it on a device with robust
+/// buffer access 2 (indices clamped, buffer accesses left to the driver), and the bindings
+/// it declares: (group, binding, descriptor type).
+fn spirv(src: &str, entry: &str) -> Result<(Vec<u32>, Vec<Binding>), Error> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let info = Validator::new(
+        ValidationFlags::all(),
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+    )
+    .validate(&module)
+    .map_err(|e| e.emit_to_string(src))?;
+    let stage = naga::ShaderStage::Compute;
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((stage, entry)),
+        &Default::default(),
+    )?;
+    let mut bindings = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        if let Some(rb) = &var.binding {
+            let ty = match var.space {
+                naga::AddressSpace::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
+                _ => vk::DescriptorType::STORAGE_BUFFER,
+            };
+            bindings.push((rb.group, rb.binding, ty));
+        }
+    }
+    let opts = spv::Options {
+        lang_version: (1, 3),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
+            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
+            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Polyfill,
+        ..Default::default()
+    };
+    let pipe = spv::PipelineOptions {
+        shader_stage: stage,
+        entry_point: entry.into(),
+    };
+    Ok((
+        spv::write_vec(&module, &info, &opts, Some(&pipe))?,
+        bindings,
+    ))
+}
+
+/// A Vulkan device with pipeline statistics enabled.
+struct Vulkan {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    stats: ash::khr::pipeline_executable_properties::Device,
+    name: String,
+}
+
+impl Vulkan {
+    fn new() -> Result<Vulkan, Error> {
+        let ext = ash::khr::pipeline_executable_properties::NAME;
+        // SAFETY: plain Vulkan calls with valid create infos; every handle outlives its uses.
+        unsafe {
+            let entry = ash::Entry::load()?;
+            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_1);
+            let instance = entry.create_instance(
+                &vk::InstanceCreateInfo::default().application_info(&app),
+                None,
+            )?;
+            // The first discrete GPU with the extension, else any device with it.
+            let mut best = None;
+            for pd in instance.enumerate_physical_devices()? {
+                let has = instance
+                    .enumerate_device_extension_properties(pd)?
+                    .iter()
+                    .any(|e| e.extension_name_as_c_str() == Ok(ext));
+                let props = instance.get_physical_device_properties(pd);
+                let discrete = props.device_type == vk::PhysicalDeviceType::DISCRETE_GPU;
+                if has && (best.is_none() || discrete) {
+                    let name = props.device_name_as_c_str()?.to_string_lossy().into_owned();
+                    best = Some((pd, name));
+                    if discrete {
+                        break;
+                    }
+                }
+            }
+            let (pd, name) =
+                best.ok_or("no Vulkan device offers VK_KHR_pipeline_executable_properties")?;
+            let family = instance
+                .get_physical_device_queue_family_properties(pd)
+                .iter()
+                .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+                .ok_or("no compute queue")? as u32;
+            let prio = [1.0];
+            let queues = [vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&prio)];
+            let exts = [ext.as_ptr()];
+            let mut feat = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+                .pipeline_executable_info(true);
+            let info = vk::DeviceCreateInfo::default()
+                .queue_create_infos(&queues)
+                .enabled_extension_names(&exts)
+                .push_next(&mut feat);
+            let device = instance.create_device(pd, &info, None)?;
+            let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
+            Ok(Vulkan {
+                _entry: entry,
+                instance,
+                device,
+                stats,
+                name,
+            })
+        }
+    }
+
+    /// Every statistic the driver reports for the compute pipeline of `entry`, as
+    /// "name=value" strings.
+    fn pipeline_stats(&self, src: &str, entry: &str) -> Result<Vec<String>, Error> {
+        let (words, bindings) = spirv(src, entry)?;
+        let d = &self.device;
+        // SAFETY: as in `new`; everything created here is destroyed before returning.
+        unsafe {
+            let module =
+                d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)?;
+            let groups = bindings.iter().map(|b| b.0 + 1).max().unwrap_or(0);
+            let mut set_layouts = Vec::new();
+            for g in 0..groups {
+                let b: Vec<_> = bindings
+                    .iter()
+                    .filter(|b| b.0 == g)
+                    .map(|&(_, binding, ty)| {
+                        vk::DescriptorSetLayoutBinding::default()
+                            .binding(binding)
+                            .descriptor_type(ty)
+                            .descriptor_count(1)
+                            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                    })
+                    .collect();
+                set_layouts.push(d.create_descriptor_set_layout(
+                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&b),
+                    None,
+                )?);
+            }
+            let layout = d.create_pipeline_layout(
+                &vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts),
+                None,
+            )?;
+            let name = CString::new(entry)?;
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(&name);
+            let info = vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(layout)
+                .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+            let pipeline = d
+                .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+                .map_err(|(_, e)| e)?[0];
+            let mut out = Vec::new();
+            let execs = self.stats.get_pipeline_executable_properties(
+                &vk::PipelineInfoKHR::default().pipeline(pipeline),
+            )?;
+            for i in 0..execs.len() as u32 {
+                let exec = vk::PipelineExecutableInfoKHR::default()
+                    .pipeline(pipeline)
+                    .executable_index(i);
+                for s in self.stats.get_pipeline_executable_statistics(&exec)? {
+                    let v = match s.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => s.value.b32.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                        _ => format!("{:.3}", s.value.f64),
+                    };
+                    out.push(format!("{}={v}", s.name_as_c_str()?.to_string_lossy()));
+                }
+            }
+            d.destroy_pipeline(pipeline, None);
+            d.destroy_pipeline_layout(layout, None);
+            for s in set_layouts {
+                d.destroy_descriptor_set_layout(s, None);
+            }
+            d.destroy_shader_module(module, None);
+            Ok(out)
+        }
+    }
+}
+
+impl Drop for Vulkan {
+    fn drop(&mut self) {
+        // SAFETY: nothing created from the device or instance is alive any more.
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+fn run() -> Result<(), Error> {
+    let args = parse_args()?;
+    let (layers, q_heads, kv_heads, head_dim) =
+        model(&args.model).ok_or(format!("unknown model {}\n{USAGE}", args.model))?;
+    let names = if args.codecs.iter().any(|c| c == "all") {
+        KvCodecs::all_names()
+    } else {
+        args.codecs.clone()
+    };
+    let vk = Vulkan::new()?;
+    println!(
+        "{} — {} ctx {} (splits {}, workgroup {})",
+        vk.name, args.model, args.ctx, args.splits, args.workgroup
+    );
+    for name in names {
+        let c = KvCodecs::parse(&name)?;
+        let cfg = KernelConfig {
+            head_dim,
+            gqa: q_heads / kv_heads,
+            kv_heads,
+            batch: 1,
+            capacity: args.ctx,
+            window: None,
+            layers,
+            splits: args.splits,
+            segments: 1,
+            min_chunk: 32,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            workgroup: args.workgroup,
+            k: c.k,
+            v: c.v,
+        };
+        // The fused step's split is what a decode step runs; reduce is the same in every module.
+        let src = cfg.step_source(InputType::F32);
+        for entry in ["split", "reduce"] {
+            let stats = vk.pipeline_stats(&src, entry)?;
+            println!("{name:<24} {entry:<7} {}", stats.join(", "));
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("kernel_stats: {e}");
+        std::process::exit(1);
+    }
+}
