@@ -171,6 +171,7 @@ impl KernelConfig {
         h += &c("RW", self.rot_width());
         h += &c("ER", self.encode_rows());
         h += &c("RROWS", self.gqa.max(self.encode_rows()));
+        h += &c("DIAG_N", self.diag_len());
         h += &c("SIDE_MAX", self.side_max());
         h += &format!(
             "const COOP: bool = {};\n",
@@ -304,6 +305,7 @@ impl KernelConfig {
             + wg // vs_sh
             + g + 1 // lcomb, len_sh
             + 32 // level tables
+            + self.diag_len() // diag_sh
             + g.max(er) * rw // rot_sh
             + er * (2 * rw + self.side_max() + 4); // encoder rows
         4 * floats
@@ -339,8 +341,29 @@ impl KernelConfig {
                 ("$v", V_UNROLL),
                 ("$k", CODE_GROUPS),
                 ("$w", self.v_batch()),
+                ("$r", self.query_values()),
             ],
         )
+    }
+
+    /// Query values each decode invocation loads for a rotated K (`$r` lines): the G
+    /// padded rows of `rot_sh` over the workgroup.
+    fn query_values(&self) -> u32 {
+        if self.k.kind.is_rotated() {
+            (self.gqa * self.rot_width()).div_ceil(self.workgroup)
+        } else {
+            1
+        }
+    }
+
+    /// Floats of turbo's diagonal kept in workgroup memory (`diag_sh`): D per side, both sides
+    /// when either is turbo, else 1 (unused).
+    fn diag_len(&self) -> u32 {
+        if [self.k, self.v].iter().any(|c| c.kind == CodecKind::Turbo) {
+            2 * self.head_dim
+        } else {
+            1
+        }
     }
 
     /// Floats of one partial output vector (per split and query head).

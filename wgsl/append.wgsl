@@ -98,6 +98,10 @@ fn commit(b: u32, base: u32) {
 @compute @workgroup_size(256)
 fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
+    // The encoders' tables, published by the barrier of workgroupUniformLoad.
+    load_diag(lid, APPEND_WG);
+    k_load_levels(lid);
+    v_load_levels(lid);
     if lid == 0u {
         base_sh = lens[len_index(seg.layer, b)];
     }
@@ -121,6 +125,10 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 @compute @workgroup_size(256)
 fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
+    // The encoders' tables, published by the barrier of workgroupUniformLoad.
+    load_diag(lid, APPEND_WG);
+    k_load_levels(lid);
+    v_load_levels(lid);
     if lid == 0u {
         base_sh = lens[len_index(seg.layer, b)];
     }

@@ -13,7 +13,8 @@ fn @SIDE@_word(row: u32, w: u32) -> u32 {
     return row * @S@_WORDS + w;
 }
 
-// The reconstruction levels (f32 Lloyd–Max levels for N(0, 1)), looked up per code.
+// The reconstruction levels (f32 Lloyd–Max levels for N(0, 1)), looked up per code (the
+// decoders and the encoder's decoded row); @SIDE@_load_levels fills it at kernel start.
 var<workgroup> lv_@SIDE@: array<f32, 16>;
 
 fn @SIDE@_load_levels(lid: u32) {
@@ -100,7 +101,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
             let code = @SIDE@_quantize(rs_get(i), s);
             enc_code[i] = code;
             // The QJL residual needs the decoded row: y^ = s * level, un-rotated below.
-            rs_set(i, s * cst(@S@_LV + code));
+            rs_set(i, s * lv_@SIDE@[code]);
         }
     }
     workgroupBarrier();

@@ -53,21 +53,29 @@ var<private> sc$g: f32;
 // A turbo K without QJL scales the query by turbo's diagonal as it loads it.
 const TURBO_Q: bool = K_KIND == 2u && !K_QJL;
 
-// The scaled query of the group's heads into rot_sh rows 0..G, the QJL projection S q of
-// each (from the unrotated query), then the K codec's rotation, in place.
-fn rotate_query(lid: u32, b: u32, h: u32) {
-    for (var i = lid; i < G * RW; i += WG) {
-        let k = i % RW;
-        var x = 0.0;
-        if k < D {
-            x = q_in[(b * QH + h * G + i / RW) * D + k] * SCALE;
-            if TURBO_Q {
-                // turbo's diagonal, applied as the query is loaded
-                x *= cst(K_ROT + k) * inverseSqrt(f32(hblock_len(k)));
-            }
-        }
-        rs_set(i, x);
+// A rotated K's query values of this invocation (element lid + r WG of rot_sh rows 0..G),
+// loaded at kernel start beside the length so the rotation waits on no global memory.
+var<private> qv$r: f32;
+
+// Element i of the scaled query rows as rotate_query lays them out in rot_sh (0 for padding).
+fn query_value(b: u32, h: u32, i: u32) -> f32 {
+    let k = i % RW;
+    if i >= G * RW || k >= D {
+        return 0.0;
     }
+    var x = q_in[(b * QH + h * G + i / RW) * D + k] * SCALE;
+    if TURBO_Q {
+        // turbo's diagonal, applied as the query is loaded
+        x *= cst(K_ROT + k) * inverseSqrt(f32(hblock_len(k)));
+    }
+    return x;
+}
+
+// The scaled query of the group's heads (qv, loaded at kernel start) into rot_sh rows
+// 0..G, the QJL projection S q of each (from the unrotated query), then the K codec's
+// rotation, in place.
+fn rotate_query(lid: u32, b: u32, h: u32) {
+    if lid + $ru * WG < G * RW { rs_set(lid + $ru * WG, qv$r); }
     workgroupBarrier();
     if K_QJL {
         // One pass over S (stored transposed: neighbouring j, neighbouring words) serves
@@ -115,9 +123,12 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             let o = ((b * QH + h * G) * D) + 4u * i;
             q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
         }
+    } else {
+        qv$r = query_value(b, h, lid + $ru * WG);
     }
     k_load_levels(lid);
     v_load_levels(lid);
+    load_diag(lid, WG);
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
     }
@@ -251,6 +262,8 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 // all its loads are independent and there is no separate pass for the global max.
 @compute @workgroup_size(128)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    // Published by the barriers below, before the un-rotation.
+    load_diag(lid, RED_WG);
     let qh = wid.x;
     let b = wid.y;
     let base = (b * QH + qh) * SPLITS_TOTAL;

@@ -37,12 +37,32 @@ fn hblock_len(i: u32) -> u32 {
     return 32u;
 }
 
-// Turbo's diagonal: x_k *= sign_k / sqrt(len of k's Hadamard block) (`rot`: the D signs).
+// Turbo's diagonal, sign_k / sqrt(len of k's Hadamard block), of K (0..D) and of V (D..2D):
+// copied from the constants by load_diag at the start of every kernel that rotates, beside
+// its other first loads, so a rotation waits on no global memory (under a full memory system
+// each such wait costs microseconds, and a rotation sits on every workgroup's critical path).
+var<workgroup> diag_sh: array<f32, DIAG_N>;
+
+// Fills diag_sh (nothing without a turbo side); a barrier must follow before any rotation.
+fn load_diag(lid: u32, nt: u32) {
+    if DIAG_N == 2u * D {
+        for (var i = lid; i < 2u * D; i += nt) {
+            let k = i % D;
+            let kind = select(K_KIND, V_KIND, i >= D);
+            if kind == 2u {
+                diag_sh[i] = cst(select(K_ROT, V_ROT, i >= D) + k) * inverseSqrt(f32(hblock_len(k)));
+            }
+        }
+    }
+}
+
+// Turbo's diagonal: x_k *= diag_k of the side whose coefficients start at `rot`.
 fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
+    let side = select(0u, D, rot == V_ROT && V_KIND == 2u && !(rot == K_ROT && K_KIND == 2u));
     for (var i = lid; i < rows * D; i += nt) {
         let k = i % D;
         let at = (i / D) * RW + k;
-        rs_set(at, rs_get(at) * cst(rot + k) * inverseSqrt(f32(hblock_len(k))));
+        rs_set(at, rs_get(at) * diag_sh[side + k]);
     }
     workgroupBarrier();
 }
