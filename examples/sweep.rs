@@ -1,6 +1,7 @@
 //! Decode sweep: measures the adapter's read bandwidth once, then for each (codec, context)
 //! fills a cache to the context and times decode steps (append + attend for every layer, one
-//! submit per step). Prints a progress bar (stderr, on a terminal; plain lines otherwise), a
+//! submit per step; the step time is the host clock around submit + wait, the recording is
+//! timed on its own). Prints a progress bar (stderr, on a terminal; plain lines otherwise), a
 //! table (stdout), each codec's device memory by part, and writes a CSV and an SVG plot.
 //!
 //! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
@@ -48,7 +49,7 @@ const MODELS: &[Model] = &[
 
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--steps N] [--warmup N] [--splits N] [--wg 64|128|256] [--unfused]
+             [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
              [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]";
 
 struct Args {
@@ -57,6 +58,8 @@ struct Args {
     codecs: Vec<String>,
     steps: Option<usize>,
     warmup: usize,
+    /// Milliseconds of back-to-back attends before each point's warm-up (None: 300 on a GPU).
+    busy_ms: Option<u32>,
     splits: Option<u32>,
     wg: Option<u32>,
     unfused: bool,
@@ -87,6 +90,7 @@ fn parse_args() -> Result<Args, String> {
         codecs: vec!["none".into()],
         steps: None,
         warmup: 5,
+        busy_ms: None,
         splits: None,
         wg: None,
         unfused: false,
@@ -116,6 +120,7 @@ fn parse_args() -> Result<Args, String> {
             "--codecs" => a.codecs = split_codecs(&val),
             "--steps" => a.steps = Some(num(&val)? as usize),
             "--warmup" => a.warmup = num(&val)? as usize,
+            "--busy" => a.busy_ms = Some(num(&val)?),
             "--splits" => a.splits = Some(num(&val)?),
             "--wg" => a.wg = Some(num(&val)?),
             "--csv" => a.csv = Some(val),
@@ -138,9 +143,14 @@ struct Row {
     codec: String,
     ctx: u32,
     layers: u32,
+    /// Host time around submit + wait: the step's commands are recorded beforehand, as an
+    /// engine records the next step while the GPU runs the current one (and as the CUDA-graph
+    /// anchor replays a recording).
     step_ms: f64,
-    /// Host time to record and finish the step's commands (inside step_ms).
+    /// Host time to record the step's commands (not in step_ms).
     record_ms: f64,
+    /// record + submit + wait: the step with nothing overlapped.
+    wall_ms: f64,
     gpu_ms: Option<f64>,
     bytes: u64,
     bits_k: f64,
@@ -318,6 +328,36 @@ fn run_point(
         .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
         .collect::<Result<_, _>>()?;
 
+    // GPUs lower their clocks while mostly idle (measured on the H200: 540-1170 MHz instead of
+    // 1980 between points, and short steps leave the GPU idle a third of the time), which made
+    // whole 1k-4k points 1.5-6x slow. Attends back to back (they change no length) bring the
+    // clocks up before the warm-up steps, as a model's other layers would in an engine.
+    let busy = args.busy_ms.unwrap_or(if ctx.is_cpu() { 0 } else { 300 });
+    if busy > 0 {
+        progress.status(format!("{name} ctx {context}: raising clocks"));
+        let t0 = Instant::now();
+        let mut n = 0u32;
+        while t0.elapsed() < Duration::from_millis(busy as u64) {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for layer in 0..m.layers {
+                    cache.attend_in_pass(&mut pass, layer, &io)?;
+                }
+            }
+            let idx = ctx.queue.submit([enc.finish()]);
+            n += 1;
+            // A few submissions in flight keep the GPU busy without an unbounded queue.
+            if n.is_multiple_of(4) {
+                ctx.device.poll(wgpu::PollType::Wait {
+                    submission_index: Some(idx),
+                    timeout: None,
+                })?;
+            }
+        }
+        ctx.device.poll(wgpu::PollType::wait_indefinitely())?;
+    }
+
     let ts = ctx.capabilities().timestamps;
     let total = args.warmup + steps;
     let qset = ts.then(|| {
@@ -338,6 +378,7 @@ fn run_point(
 
     let mut host_ms = Vec::new();
     let mut record_ms = Vec::new();
+    let mut wall_ms = Vec::new();
     let mut before = ctx.stats();
     for s in 0..total {
         // Outside the timed part of the step.
@@ -377,14 +418,16 @@ fn run_point(
         }
         let cmd = enc.finish();
         let recorded = t0.elapsed();
+        let t_submit = Instant::now();
         let idx = ctx.queue.submit([cmd]);
         ctx.device.poll(wgpu::PollType::Wait {
             submission_index: Some(idx),
             timeout: None,
         })?;
         if s >= args.warmup {
-            host_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            host_ms.push(t_submit.elapsed().as_secs_f64() * 1e3);
             record_ms.push(recorded.as_secs_f64() * 1e3);
+            wall_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         }
     }
     let d = ctx.stats() - before;
@@ -402,6 +445,7 @@ fn run_point(
         layers: m.layers,
         step_ms: median(&mut host_ms),
         record_ms: median(&mut record_ms),
+        wall_ms: median(&mut wall_ms),
         gpu_ms,
         bytes,
         bits_k: codecs.k.bits_per_value(m.head_dim),
@@ -1024,7 +1068,7 @@ fn main() {
             .map(|r| r.step_ms)
     };
     let mut csv = String::from(
-        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes\n",
+        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms\n",
     );
     let fmt_opt =
         |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
@@ -1068,7 +1112,7 @@ fn main() {
             fmt_bytes(r.mem.total())
         );
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4}\n",
             r.codec,
             m.name,
             r.ctx,
@@ -1085,7 +1129,8 @@ fn main() {
             r.record_ms,
             fmt_opt(peak.as_ref().map(|p| p.gbps), 1),
             fmt_opt(frac, 4),
-            r.mem.total()
+            r.mem.total(),
+            r.wall_ms
         );
     }
     if let Some(p) = &peak {
