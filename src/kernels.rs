@@ -307,7 +307,8 @@ impl KernelConfig {
             + 32 // level tables
             + self.diag_len() // diag_sh
             + g.max(er) * rw // rot_sh
-            + er * (2 * rw + self.side_max() + 4); // encoder rows
+            + er * (2 * rw + self.side_max() + 4) // encoder rows
+            + 8 * er + 16; // their partial sums of squares, the boundaries
         4 * floats
     }
 
@@ -356,14 +357,14 @@ impl KernelConfig {
         }
     }
 
-    /// Floats of turbo's diagonal kept in workgroup memory (`diag_sh`): D per side, both sides
-    /// when either is turbo, else 1 (unused).
+    /// Floats of turbo's diagonal kept in workgroup memory (`diag_sh`): D per turbo side, 1
+    /// (unused) without one.
     fn diag_len(&self) -> u32 {
-        if [self.k, self.v].iter().any(|c| c.kind == CodecKind::Turbo) {
-            2 * self.head_dim
-        } else {
-            1
-        }
+        let sides = [self.k, self.v]
+            .iter()
+            .filter(|c| c.kind == CodecKind::Turbo)
+            .count() as u32;
+        (sides * self.head_dim).max(1)
     }
 
     /// Floats of one partial output vector (per split and query head).
@@ -531,8 +532,8 @@ const CODE_GROUPS: u32 = 8;
 
 /// Unrolls the WGSL: every line holding `$g` is repeated once per query head of the GQA group
 /// (`$g` -> 0, 1, ...), and likewise `$u` per K chunk of a load batch, `$v` per V row of a
-/// load batch (and `$w` per V row of the attention loop's batch), and `$k` per group of 4
-/// codes in a 32-code block. Per-head state then lives in named registers rather than in a private array
+/// load batch (and `$w` per V row of the attention loop's batch), `$k` per group of 4
+/// codes in a 32-code block, and `$r` per query value a rotated K's invocation loads. Per-head state then lives in named registers rather than in a private array
 /// indexed at run time (which most GPU compilers spill to memory), and load batches are
 /// explicit so many loads are in flight before their math.
 pub(crate) fn expand(src: &str, tokens: &[(&str, u32)]) -> String {

@@ -183,10 +183,12 @@ fn custom_scale() {
     assert!(e <= TOL, "rel err {e:e}");
 }
 
-/// Many splits: each reduce thread folds several batches of partials.
+/// Many splits: each reduce thread folds several passes of partials (the reduce takes 16 per
+/// thread and pass over 256 / (D/4) lanes: 128 at D = 128, 256 at D = 64), with tokens in
+/// splits of every pass.
 #[test]
 fn many_splits_match_reference() {
-    for (d, splits, len) in [(128u32, 64u32, 2100usize), (64, 100, 3300), (96, 37, 1500)] {
+    for (d, splits, len) in [(128u32, 200u32, 6500usize), (64, 300, 9000), (96, 37, 1500)] {
         let spec = CacheSpec::new(1, 8, 2, d, len as u32).with_splits(splits);
         let mut c = Checked::new(spec, d as u64 + splits as u64);
         c.append(0, len - 1);

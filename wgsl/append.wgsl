@@ -99,7 +99,7 @@ fn commit(b: u32, base: u32) {
 fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
     // The encoders' tables, published by the barrier of workgroupUniformLoad.
-    load_diag(lid, APPEND_WG);
+    load_diag(lid, APPEND_WG, true, true);
     k_load_levels(lid);
     v_load_levels(lid);
     if lid == 0u {
@@ -126,7 +126,7 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
     // The encoders' tables, published by the barrier of workgroupUniformLoad.
-    load_diag(lid, APPEND_WG);
+    load_diag(lid, APPEND_WG, true, true);
     k_load_levels(lid);
     v_load_levels(lid);
     if lid == 0u {

@@ -128,7 +128,9 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     }
     k_load_levels(lid);
     v_load_levels(lid);
-    load_diag(lid, WG);
+    // Split 0 encodes the new rows (both sides); the query's rotation needs K's diagonal
+    // only when a QJL K keeps it out of the query load (query_value).
+    load_diag(lid, WG, s == 0u || K_QJL, s == 0u);
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
     }
@@ -250,7 +252,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     }
 }
 
-const RED_WG: u32 = 128u;
+const RED_WG: u32 = 256u;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
 const RC: u32 = PV4;
 const RL: u32 = RED_WG / RC;
@@ -259,11 +261,14 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 
 // Dispatch (QH, B, 1): merges the partials of one query head into out[b, qh, :].
 // Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule, so
-// all its loads are independent and there is no separate pass for the global max.
-@compute @workgroup_size(128)
+// all its loads are independent and there is no separate pass for the global max. 256
+// threads with 2 VU loads in flight each take 16 RL partials per round trip to memory (the 65
+// of a 64-split grid at one at D = 128): the reduce's work, not its launch, cost a layer
+// 5-9 us on the H200 with three (BENCHMARKS, session 4).
+@compute @workgroup_size(RED_WG)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    // Published by the barriers below, before the un-rotation.
-    load_diag(lid, RED_WG);
+    // V's diagonal for the un-rotation, published by the barriers below.
+    load_diag(lid, RED_WG, false, true);
     let qh = wid.x;
     let b = wid.y;
     let base = (b * QH + qh) * SPLITS_TOTAL;
@@ -273,19 +278,26 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     var l = 0.0;
     var o = vec4<f32>(0.0);
     if r < RL {
-        for (var s = r; s < SPLITS_TOTAL; s += VU * RL) {
-            // Past the last split the index is clamped and the weight forced to zero.
+        for (var s = r; s < SPLITS_TOTAL; s += 2u * VU * RL) {
+            // Splits s + v RL and s + (VU + v) RL. Past the last split the index is clamped
+            // and the weight forced to zero.
             let s$v = min(s + $v * RL, SPLITS_TOTAL - 1u);
+            let t$v = min(s + (VU + $v) * RL, SPLITS_TOTAL - 1u);
             let ml$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + s$v], s + $v * RL < SPLITS_TOTAL);
             let a$v = select(vec4<f32>(0.0), part[(base + s$v) * PV4 + c], s + $v * RL < SPLITS_TOTAL);
+            let nl$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + t$v], s + (VU + $v) * RL < SPLITS_TOTAL);
+            let b$v = select(vec4<f32>(0.0), part[(base + t$v) * PV4 + c], s + (VU + $v) * RL < SPLITS_TOTAL);
             // Expanded lines run one after another: take the batch max, rescale once, then add.
             var mb = m;
             mb = max(mb, ml$v.x);
+            mb = max(mb, nl$v.x);
             let f = exp(m - mb);
             o *= f;
             l *= f;
             o += a$v * exp(ml$v.x - mb);
             l += ml$v.y * exp(ml$v.x - mb);
+            o += b$v * exp(nl$v.x - mb);
+            l += nl$v.y * exp(nl$v.x - mb);
             m = mb;
         }
         if c == 0u {

@@ -37,32 +37,38 @@ fn hblock_len(i: u32) -> u32 {
     return 32u;
 }
 
-// Turbo's diagonal, sign_k / sqrt(len of k's Hadamard block), of K (0..D) and of V (D..2D):
-// copied from the constants by load_diag at the start of every kernel that rotates, beside
-// its other first loads, so a rotation waits on no global memory (under a full memory system
-// each such wait costs microseconds, and a rotation sits on every workgroup's critical path).
+// Turbo's diagonal, sign_k / sqrt(len of k's Hadamard block), of each turbo side (K's first):
+// copied from the constants by load_diag at the start of a kernel that rotates, beside its
+// other first loads, so a rotation (on every decode workgroup's critical path) waits on no
+// global memory. DIAG_N = D per turbo side (1 without one).
 var<workgroup> diag_sh: array<f32, DIAG_N>;
 
-// Fills diag_sh (nothing without a turbo side); a barrier must follow before any rotation.
-fn load_diag(lid: u32, nt: u32) {
-    if DIAG_N == 2u * D {
-        for (var i = lid; i < 2u * D; i += nt) {
-            let k = i % D;
-            let kind = select(K_KIND, V_KIND, i >= D);
-            if kind == 2u {
-                diag_sh[i] = cst(select(K_ROT, V_ROT, i >= D) + k) * inverseSqrt(f32(hblock_len(k)));
-            }
+// Where V's diagonal starts in diag_sh.
+const DIAG_V: u32 = select(0u, D, K_KIND == 2u);
+
+// Fills the diagonals of the turbo sides asked for (`k`, `v`: uniform); a barrier must
+// follow before any rotation.
+fn load_diag(lid: u32, nt: u32, k: bool, v: bool) {
+    if k && K_KIND == 2u {
+        for (var i = lid; i < D; i += nt) {
+            diag_sh[i] = cst(K_ROT + i) * inverseSqrt(f32(hblock_len(i)));
+        }
+    }
+    if v && V_KIND == 2u {
+        for (var i = lid; i < D; i += nt) {
+            diag_sh[DIAG_V + i] = cst(V_ROT + i) * inverseSqrt(f32(hblock_len(i)));
         }
     }
 }
 
-// Turbo's diagonal: x_k *= diag_k of the side whose coefficients start at `rot`.
+// Turbo's diagonal: x_k *= diag_k of the side whose coefficients start at `rot` (K's when
+// both sides are turbo with the same coefficients).
 fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
-    let side = select(0u, D, rot == V_ROT && V_KIND == 2u && !(rot == K_ROT && K_KIND == 2u));
+    let base = select(DIAG_V, 0u, K_KIND == 2u && rot == K_ROT);
     for (var i = lid; i < rows * D; i += nt) {
         let k = i % D;
         let at = (i / D) * RW + k;
-        rs_set(at, rs_get(at) * diag_sh[side + k]);
+        rs_set(at, rs_get(at) * diag_sh[base + k]);
     }
     workgroupBarrier();
 }
