@@ -2,11 +2,11 @@
 //! whatever else it reports through `VK_KHR_pipeline_executable_properties`, per codec and
 //! entry point. wgpu does not expose these statistics, so this example translates the same
 //! WGSL to SPIR-V with naga (with wgpu's Vulkan options) and compiles it with ash on a Vulkan
-//! device of its own. Registers per invocation decide how many decode workgroups an SM holds
-//! at once, which the H200 measurements in BENCHMARKS.md point to as the limit.
+//! device of its own. Registers per invocation decide how many decode workgroups a
+//! multiprocessor holds at once (BENCHMARKS.md, session 4, has the H200's counts).
 //!
 //! `cargo run --release --example kernel_stats -- --model qwen3-8b --ctx 32768 --codecs all`
-//! (`--splits`, `--workgroup` default to what a cache picks on a discrete GPU: 64 and 128).
+//! (`--splits`, `--wg` default to what a cache picks on a discrete GPU: 64 and 128).
 
 use std::ffi::CString;
 
@@ -20,7 +20,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--workgroup 128]";
+[--codecs none,...|all] [--splits 64] [--wg 128]";
 
 /// (layers, q heads, kv heads, head_dim) of the sweep's model presets.
 fn model(name: &str) -> Option<(u32, u32, u32, u32)> {
@@ -57,7 +57,7 @@ fn parse_args() -> Result<Args, String> {
             "--ctx" => a.ctx = num(value()?)?,
             "--codecs" => a.codecs = value()?.split(',').map(String::from).collect(),
             "--splits" => a.splits = num(value()?)?,
-            "--workgroup" => a.workgroup = num(value()?)?,
+            "--wg" => a.workgroup = num(value()?)?,
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
@@ -296,8 +296,9 @@ fn run() -> Result<(), Error> {
             k: c.k,
             v: c.v,
         };
-        // The fused step's split is what a decode step runs; reduce is the same in every module.
-        let src = cfg.step_source(InputType::F32);
+        // The fused step's split is what a decode step runs (with f16 inputs, as in the
+        // sweep); reduce is the same in every module.
+        let src = cfg.step_source(InputType::F16);
         for entry in ["split", "reduce"] {
             let stats = vk.pipeline_stats(&src, entry)?;
             println!("{name:<24} {entry:<7} {}", stats.join(", "));
