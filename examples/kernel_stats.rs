@@ -15,22 +15,15 @@ use kvq::{InputType, KernelConfig, KvCodecs};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+#[path = "shared/models.rs"]
+mod models;
+
 type Error = Box<dyn std::error::Error>;
 /// A binding the shader declares: (group, binding, descriptor type).
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|tiny] [--ctx 32768] \
 [--codecs none,...|all] [--splits 64] [--wg 128]";
-
-/// (layers, q heads, kv heads, head_dim) of the sweep's model presets.
-fn model(name: &str) -> Option<(u32, u32, u32, u32)> {
-    match name {
-        "llama3-8b" => Some((32, 32, 8, 128)),
-        "qwen3-8b" => Some((36, 32, 8, 128)),
-        "tiny" => Some((4, 8, 2, 64)),
-        _ => None,
-    }
-}
 
 struct Args {
     model: String,
@@ -266,8 +259,11 @@ impl Drop for Vulkan {
 
 fn run() -> Result<(), Error> {
     let args = parse_args()?;
-    let (layers, q_heads, kv_heads, head_dim) =
-        model(&args.model).ok_or(format!("unknown model {}\n{USAGE}", args.model))?;
+    let m = models::MODELS
+        .iter()
+        .find(|m| m.name == args.model)
+        .ok_or(format!("unknown model {}\n{USAGE}", args.model))?;
+    let (layers, q_heads, kv_heads, head_dim) = (m.layers, m.q_heads, m.kv_heads, m.head_dim);
     let names = if args.codecs.iter().any(|c| c == "all") {
         KvCodecs::all_names()
     } else {

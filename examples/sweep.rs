@@ -15,37 +15,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvq::memory::fmt_bytes;
 use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryReport};
 
-struct Model {
-    name: &'static str,
-    layers: u32,
-    q_heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-}
-
-const MODELS: &[Model] = &[
-    Model {
-        name: "llama3-8b",
-        layers: 32,
-        q_heads: 32,
-        kv_heads: 8,
-        head_dim: 128,
-    },
-    Model {
-        name: "qwen3-8b",
-        layers: 36,
-        q_heads: 32,
-        kv_heads: 8,
-        head_dim: 128,
-    },
-    Model {
-        name: "tiny",
-        layers: 4,
-        q_heads: 8,
-        kv_heads: 2,
-        head_dim: 64,
-    },
-];
+#[path = "shared/models.rs"]
+mod models;
+use models::{MODELS, Model};
 
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|tiny] [--ctx 4096,32768] [--codecs none,...|all]

@@ -1,0 +1,35 @@
+//! Model presets shared by the examples (`#[path]`-included; not an example of its own).
+
+/// The KV-cache shape of a model.
+pub struct Model {
+    pub name: &'static str,
+    pub layers: u32,
+    pub q_heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+}
+
+/// `llama3-8b`, `qwen3-8b` (the Bonsai-8B shape) and `tiny`.
+pub const MODELS: &[Model] = &[
+    Model {
+        name: "llama3-8b",
+        layers: 32,
+        q_heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+    },
+    Model {
+        name: "qwen3-8b",
+        layers: 36,
+        q_heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+    },
+    Model {
+        name: "tiny",
+        layers: 4,
+        q_heads: 8,
+        kv_heads: 2,
+        head_dim: 64,
+    },
+];
