@@ -22,7 +22,7 @@ type Error = Box<dyn std::error::Error>;
 /// A binding the shader declares: (group, binding, descriptor type).
 type Binding = (u32, u32, vk::DescriptorType);
 
-const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|tiny] [--ctx 32768] \
+const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|tiny] [--ctx 32768] \
 [--codecs none,...|all] [--splits 64] [--wg 128]";
 
 struct Args {

@@ -231,14 +231,19 @@ fn init_buffer(
     buf
 }
 
-fn default_splits(ctx: &GpuContext, seg_tokens: u32) -> u32 {
+fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
     if ctx.is_cpu() {
         // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
-        seg_tokens.div_ceil(1024).clamp(1, 4)
-    } else {
-        // Measured on an H200 (BENCHMARKS.md): 64 splits was best from 4k to 32k tokens.
-        64
+        return seg_tokens.div_ceil(1024).clamp(1, 4);
     }
+    // Measured on an H200 (BENCHMARKS.md): the split grid must fit in one wave of resident
+    // workgroups; a second wave costs up to 40 %. With 8 KV heads and one sequence, 64 splits
+    // (520 workgroups, 4 per multiprocessor) was best, and 48 for a QJL K, whose kernel holds
+    // 167 registers a thread (3 per multiprocessor). More KV heads or sequences share that
+    // grid; fewer than 8 KV heads keep 64 (4 KV heads and GQA 7: 64 was best at 4k, 96 at 32k
+    // for `none`, 64 for the rotated codecs).
+    let grid = if spec.codecs.k.qjl { 384 } else { 512 };
+    (grid / (spec.kv_heads * spec.batch)).clamp(1, 64)
 }
 
 impl KvCache {
@@ -294,7 +299,7 @@ impl KvCache {
         let segments = spec.capacity.div_ceil(seg_tokens);
         let mut splits = spec
             .splits
-            .unwrap_or_else(|| default_splits(ctx, seg_tokens));
+            .unwrap_or_else(|| default_splits(ctx, seg_tokens, &spec));
         // Each segment also has one split for the tokens a fused step appends.
         splits = (MAX_SPLITS_TOTAL / segments)
             .saturating_sub(1)

@@ -9,7 +9,7 @@ pub struct Model {
     pub head_dim: u32,
 }
 
-/// `llama3-8b`, `qwen3-8b` (the Bonsai-8B shape) and `tiny`.
+/// `llama3-8b`, `qwen3-8b` (the Bonsai-8B shape), `qwen2.5-7b` (4 KV heads, GQA 7) and `tiny`.
 pub const MODELS: &[Model] = &[
     Model {
         name: "llama3-8b",
@@ -23,6 +23,13 @@ pub const MODELS: &[Model] = &[
         layers: 36,
         q_heads: 32,
         kv_heads: 8,
+        head_dim: 128,
+    },
+    Model {
+        name: "qwen2.5-7b",
+        layers: 28,
+        q_heads: 28,
+        kv_heads: 4,
         head_dim: 128,
     },
     Model {
