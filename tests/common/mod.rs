@@ -10,6 +10,18 @@ pub fn ctx() -> &'static GpuContext {
     static CTX: OnceLock<GpuContext> = OnceLock::new();
     CTX.get_or_init(|| {
         let ctx = GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+        // wgpu's GL backend serialises every call on one context lock and panics after waiting
+        // 6 s for it, which the parallel tests' CPU shader compiles exceed (seen with
+        // llvmpipe): fail here with what to do, not with wgpu's "most-likely a deadlock"
+        // panic mid-test.
+        if ctx.info.backend == wgpu::Backend::Gl && std::env::var_os("WGPU_BACKEND").is_none() {
+            panic!(
+                "kvq tests found only a GL adapter ('{}'); they need Vulkan, Metal or DX12. \
+                 Without a GPU install lavapipe (`bash .ci/install-deps` on Debian); \
+                 WGPU_BACKEND=gl runs them on GL anyway",
+                ctx.info.name
+            );
+        }
         eprintln!(
             "kvq tests on '{}' ({:?}, {:?})",
             ctx.info.name,
