@@ -131,6 +131,8 @@ struct Row {
     dispatches: f64,
     /// The cache's device memory by part.
     mem: MemoryReport,
+    /// Decode splits per KV head the cache used.
+    splits: u32,
 }
 
 /// Why a point has no row.
@@ -425,6 +427,7 @@ fn run_point(
         host_bytes: (d.bytes_uploaded + d.bytes_downloaded) as f64 / steps as f64,
         dispatches: d.dispatches as f64 / steps as f64,
         mem: cache.memory(),
+        splits: l.splits,
     })
 }
 
@@ -1040,7 +1043,7 @@ fn main() {
             .map(|r| r.step_ms)
     };
     let mut csv = String::from(
-        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms\n",
+        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits\n",
     );
     let fmt_opt =
         |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
@@ -1084,7 +1087,7 @@ fn main() {
             fmt_bytes(r.mem.total())
         );
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{}\n",
             r.codec,
             m.name,
             r.ctx,
@@ -1102,7 +1105,8 @@ fn main() {
             fmt_opt(peak.as_ref().map(|p| p.gbps), 1),
             fmt_opt(frac, 4),
             r.mem.total(),
-            r.wall_ms
+            r.wall_ms,
+            r.splits
         );
     }
     if let Some(p) = &peak {
