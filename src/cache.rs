@@ -236,14 +236,19 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
         // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
         return seg_tokens.div_ceil(1024).clamp(1, 4);
     }
-    // Measured on an H200 (BENCHMARKS.md): the split grid must fit in one wave of resident
-    // workgroups; a second wave costs up to 40 %. With 8 KV heads and one sequence, 64 splits
-    // (520 workgroups, 4 per multiprocessor) was best, and 48 for a QJL K, whose kernel holds
-    // 167 registers a thread (3 per multiprocessor). More KV heads or sequences share that
-    // grid; fewer than 8 KV heads keep 64 (4 KV heads and GQA 7: 64 was best at 4k, 96 at 32k
-    // for `none`, 64 for the rotated codecs).
-    let grid = if spec.codecs.k.qjl { 384 } else { 512 };
-    (grid / (spec.kv_heads * spec.batch)).clamp(1, 64)
+    gpu_splits(spec.kv_heads.saturating_mul(spec.batch), spec.codecs.k.qjl)
+}
+
+/// Splits per KV head on a GPU for `groups` (KV heads x sequences) workgroup rows. Measured
+/// on an H200 (BENCHMARKS.md, session 5): the split grid must fit in one wave of resident
+/// workgroups; a second wave costs up to 40 %. With 8 KV heads and one sequence, 64 splits
+/// (520 workgroups, 4 per multiprocessor) was best, and 48 for a QJL K, whose kernel holds
+/// 167 registers a thread (3 per multiprocessor). More KV heads or sequences share that grid;
+/// fewer than 8 KV heads keep 64 (4 KV heads and GQA 7: 64 was best at 4k, 96 at 32k for
+/// `none`, 64 for the rotated codecs).
+fn gpu_splits(groups: u32, qjl: bool) -> u32 {
+    let grid = if qjl { 384 } else { 512 };
+    (grid / groups.max(1)).clamp(1, 64)
 }
 
 impl KvCache {
@@ -1170,5 +1175,20 @@ impl KvCache {
             }
         }
         Ok((k, v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_splits;
+
+    #[test]
+    fn gpu_split_grid_stays_near_one_wave() {
+        assert_eq!(gpu_splits(8, false), 64); // llama3 / qwen3, one sequence
+        assert_eq!(gpu_splits(8, true), 48);
+        assert_eq!(gpu_splits(4, false), 64); // capped
+        assert_eq!(gpu_splits(32, false), 16); // 8 KV heads x 4 sequences
+        assert_eq!(gpu_splits(1 << 20, true), 1);
+        assert_eq!(gpu_splits(0, false), 64);
     }
 }
