@@ -3,10 +3,11 @@
 //! entry point. wgpu does not expose these statistics, so this example translates the same
 //! WGSL to SPIR-V with naga (with wgpu's Vulkan options) and compiles it with ash on a Vulkan
 //! device of its own. Registers per invocation decide how many decode workgroups a
-//! multiprocessor holds at once (BENCHMARKS.md, session 4, has the H200's counts).
+//! multiprocessor holds at once (BENCHMARKS.md, sessions 4 and 5, has the H200's counts).
 //!
 //! `cargo run --release --example kernel_stats -- --model qwen3-8b --ctx 32768 --codecs all`
-//! (`--splits`, `--wg` default to what a cache picks on a discrete GPU: 64 and 128).
+//! (`--splits` defaults to 64 and `--wg` to 128, the common GPU case; the split count is a
+//! constant of the kernel that does not change its registers).
 
 use std::ffi::CString;
 
@@ -22,7 +23,7 @@ type Error = Box<dyn std::error::Error>;
 /// A binding the shader declares: (group, binding, descriptor type).
 type Binding = (u32, u32, vk::DescriptorType);
 
-const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|tiny] [--ctx 32768] \
+const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
 [--codecs none,...|all] [--splits 64] [--wg 128]";
 
 struct Args {

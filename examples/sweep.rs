@@ -20,7 +20,7 @@ mod models;
 use models::{MODELS, Model};
 
 const USAGE: &str =
-    "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
+    "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
              [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]";
 

@@ -236,19 +236,40 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
         // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
         return seg_tokens.div_ceil(1024).clamp(1, 4);
     }
-    gpu_splits(spec.kv_heads.saturating_mul(spec.batch), spec.codecs.k.qjl)
+    let c = spec.codecs;
+    let rotated = c.k.kind.is_rotated() || c.v.kind.is_rotated();
+    gpu_splits(
+        spec.kv_heads.saturating_mul(spec.batch),
+        resident_per_multiprocessor(spec.gqa(), rotated, c.k.qjl),
+        spec.workgroup.unwrap_or(DECODE_WG),
+    )
 }
 
-/// Splits per KV head on a GPU for `groups` (KV heads x sequences) workgroup rows. Measured
-/// on an H200 (BENCHMARKS.md, session 5): the split grid must fit in one wave of resident
-/// workgroups; a second wave costs up to 40 %. With 8 KV heads and one sequence, 64 splits
-/// (520 workgroups, 4 per multiprocessor) was best, and 48 for a QJL K, whose kernel holds
-/// 167 registers a thread (3 per multiprocessor). More KV heads or sequences share that grid;
-/// fewer than 8 KV heads keep 64 (4 KV heads and GQA 7: 64 was best at 4k, 96 at 32k for
-/// `none`, 64 for the rotated codecs).
-fn gpu_splits(groups: u32, qjl: bool) -> u32 {
-    let grid = if qjl { 384 } else { 512 };
-    (grid / groups.max(1)).clamp(1, 64)
+/// Multiprocessors of the GPU the defaults were measured on (an H200).
+const TUNED_MULTIPROCESSORS: u32 = 132;
+
+/// Split workgroups (of 128 invocations) one H200 multiprocessor holds, from the registers
+/// its driver gives the fused step's split kernel (examples/kernel_stats.rs; BENCHMARKS.md,
+/// session 5): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7: 146-167 for f16 and
+/// int codecs (3), 203-231 with a rotated side or QJL (2). Ratios 5-8 and above 8 are taken as
+/// GQA 7 (not measured).
+fn resident_per_multiprocessor(gqa: u32, rotated: bool, qjl: bool) -> u32 {
+    match (gqa <= 4, rotated || qjl) {
+        (true, _) if qjl => 3,
+        (true, _) => 4,
+        (false, false) => 3,
+        (false, true) => 2,
+    }
+}
+
+/// Splits per KV head on a GPU: the largest split grid (`groups` = KV heads x sequences rows
+/// of splits + 1 workgroups) that fits in one wave of resident workgroups, at most 64. On an
+/// H200 a second wave cost 30-50 % (qwen3-8b: 64 splits best, 48 with a QJL K; qwen2.5-7b,
+/// 4 KV heads, GQA 7: each codec fastest with its largest one-wave grid). Elsewhere it is a
+/// default; `CacheSpec::with_splits` overrides it.
+fn gpu_splits(groups: u32, resident: u32, workgroup: u32) -> u32 {
+    let slots = TUNED_MULTIPROCESSORS * resident * 128 / workgroup.max(1);
+    (slots / groups.max(1)).saturating_sub(1).clamp(1, 64)
 }
 
 impl KvCache {
@@ -1180,15 +1201,24 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests {
-    use super::gpu_splits;
+    use super::{gpu_splits, resident_per_multiprocessor as resident};
 
     #[test]
-    fn gpu_split_grid_stays_near_one_wave() {
-        assert_eq!(gpu_splits(8, false), 64); // llama3 / qwen3, one sequence
-        assert_eq!(gpu_splits(8, true), 48);
-        assert_eq!(gpu_splits(4, false), 64); // capped
-        assert_eq!(gpu_splits(32, false), 16); // 8 KV heads x 4 sequences
-        assert_eq!(gpu_splits(1 << 20, true), 1);
-        assert_eq!(gpu_splits(0, false), 64);
+    fn gpu_split_grid_fits_one_wave() {
+        // qwen3-8b / llama3-8b (8 KV heads, GQA 4), one sequence: measured best.
+        assert_eq!(gpu_splits(8, resident(4, false, false), 128), 64);
+        assert_eq!(gpu_splits(8, resident(4, true, false), 128), 64);
+        assert_eq!(gpu_splits(8, resident(4, true, true), 128), 48);
+        // qwen2.5-7b (4 KV heads, GQA 7): capped at 64, measured best but for none at 32k.
+        assert_eq!(gpu_splits(4, resident(7, false, false), 128), 64);
+        assert_eq!(gpu_splits(4, resident(7, true, false), 128), 64);
+        // 8 KV heads at GQA 8 (llama3-70b): 49 x 8 <= 396 and 33 x 8 <= 264.
+        assert_eq!(gpu_splits(8, resident(8, false, false), 128), 48);
+        assert_eq!(gpu_splits(8, resident(8, true, false), 128), 32);
+        // 8 KV heads x 4 sequences: 16 x 32 <= 528 < 17 x 32.
+        assert_eq!(gpu_splits(32, resident(4, false, false), 128), 15);
+        // Wider workgroups, fewer resident; a huge grid still gets one split.
+        assert_eq!(gpu_splits(8, resident(4, false, false), 256), 32);
+        assert_eq!(gpu_splits(1 << 20, resident(4, true, true), 128), 1);
     }
 }

@@ -36,8 +36,9 @@ pub struct CacheSpec {
     /// Seed of the codecs' fixed random rotations.
     pub seed: u64,
     /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
-    /// adapter (a GPU: about 512 workgroups per layer over all KV heads and sequences, at
-    /// most 64 per head, 384 for a QJL K; a CPU driver: 1-4 by capacity).
+    /// adapter (a GPU: the largest split grid that fits in one wave of an H200's resident
+    /// workgroups for this GQA ratio and codec, at most 64 per head; a CPU driver: 1-4 by
+    /// capacity).
     pub splits: Option<u32>,
     /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
     /// Capacities above it are split into several buffers per layer.

@@ -9,7 +9,8 @@ pub struct Model {
     pub head_dim: u32,
 }
 
-/// `llama3-8b`, `qwen3-8b` (the Bonsai-8B shape), `qwen2.5-7b` (4 KV heads, GQA 7) and `tiny`.
+/// `llama3-8b`, `qwen3-8b` (the Bonsai-8B shape), `qwen2.5-7b` (4 KV heads, GQA 7),
+/// `llama3-70b` (80 layers, 8 KV heads, GQA 8) and `tiny`.
 pub const MODELS: &[Model] = &[
     Model {
         name: "llama3-8b",
@@ -30,6 +31,13 @@ pub const MODELS: &[Model] = &[
         layers: 28,
         q_heads: 28,
         kv_heads: 4,
+        head_dim: 128,
+    },
+    Model {
+        name: "llama3-70b",
+        layers: 80,
+        q_heads: 64,
+        kv_heads: 8,
         head_dim: 128,
     },
     Model {
