@@ -9,19 +9,7 @@ use kvq::{AttendIo, GpuContext, KvCache};
 pub fn ctx() -> &'static GpuContext {
     static CTX: OnceLock<GpuContext> = OnceLock::new();
     CTX.get_or_init(|| {
-        let ctx = GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
-        // wgpu's GL backend serialises every call on one context lock and panics after waiting
-        // 6 s for it, which the parallel tests' CPU shader compiles exceed (seen with
-        // llvmpipe): fail here with what to do, not with wgpu's "most-likely a deadlock"
-        // panic mid-test.
-        if ctx.info.backend == wgpu::Backend::Gl && std::env::var_os("WGPU_BACKEND").is_none() {
-            panic!(
-                "kvq tests found only a GL adapter ('{}'); they need Vulkan, Metal or DX12. \
-                 Without a GPU install lavapipe (`bash .ci/install-deps` on Debian); \
-                 WGPU_BACKEND=gl runs them on GL anyway",
-                ctx.info.name
-            );
-        }
+        let ctx = new_ctx();
         eprintln!(
             "kvq tests on '{}' ({:?}, {:?})",
             ctx.info.name,
@@ -109,7 +97,24 @@ pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
 /// A context of its own, for tests that assert on transfer counters: the shared context's
 /// counters also count the other tests running at the same time.
 pub fn private_ctx() -> GpuContext {
-    GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+    new_ctx()
+}
+
+/// A new context, or a panic that says what the tests need.
+fn new_ctx() -> GpuContext {
+    let ctx = GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+    // wgpu's GL backend serialises every call on one context lock and panics after waiting 6 s
+    // for it, which the parallel tests' CPU shader compiles exceed (seen with llvmpipe): fail
+    // here with what to do, not with wgpu's "most-likely a deadlock" panic mid-test.
+    if ctx.info.backend == wgpu::Backend::Gl && std::env::var_os("WGPU_BACKEND").is_none() {
+        panic!(
+            "kvq tests found only a GL adapter ('{}'); they need Vulkan, Metal or DX12. \
+             Without a GPU install lavapipe (`bash .ci/install-deps` on Debian); \
+             WGPU_BACKEND=gl runs them on GL anyway",
+            ctx.info.name
+        );
+    }
+    ctx
 }
 
 /// Reads `n` f32 values from the start of a COPY_SRC buffer of `ctx`'s device.
