@@ -248,7 +248,7 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
 /// Multiprocessors of the GPU the defaults were measured on (an H200).
 const TUNED_MULTIPROCESSORS: u32 = 132;
 
-/// Split workgroups (of 128 invocations) one H200 multiprocessor holds, from the registers
+/// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, from the registers
 /// its driver gives the fused step's split kernel (examples/kernel_stats.rs; BENCHMARKS.md,
 /// session 5): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7: 146-167 for f16 and
 /// int codecs (3), 203-231 with a rotated side or QJL (2). Ratios 5-8 and above 8 are taken as
@@ -268,7 +268,7 @@ fn resident_per_multiprocessor(gqa: u32, rotated: bool, qjl: bool) -> u32 {
 /// 4 KV heads, GQA 7: each codec fastest with its largest one-wave grid). Elsewhere it is a
 /// default; `CacheSpec::with_splits` overrides it.
 fn gpu_splits(groups: u32, resident: u32, workgroup: u32) -> u32 {
-    let slots = TUNED_MULTIPROCESSORS * resident * 128 / workgroup.max(1);
+    let slots = TUNED_MULTIPROCESSORS * resident * DECODE_WG / workgroup.max(1);
     (slots / groups.max(1)).saturating_sub(1).clamp(1, 64)
 }
 
