@@ -248,9 +248,9 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
 /// Multiprocessors of the GPU the defaults were measured on (an H200).
 const TUNED_MULTIPROCESSORS: u32 = 132;
 
-/// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, from the registers
-/// its driver gives the fused step's split kernel (examples/kernel_stats.rs; BENCHMARKS.md,
-/// session 5): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7: 146-167 for f16 and
+/// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, from the
+/// registers its driver gives the fused step's split kernel (examples/kernel_stats.rs;
+/// BENCHMARKS.md, session 5): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7: 146-167 for f16 and
 /// int codecs (3), 203-231 with a rotated side or QJL (2). Ratios 5-8 and above 8 are taken as
 /// GQA 7 (not measured).
 fn resident_per_multiprocessor(gqa: u32, rotated: bool, qjl: bool) -> u32 {
