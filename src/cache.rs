@@ -248,17 +248,20 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
 /// Multiprocessors of the GPU the defaults were measured on (an H200).
 const TUNED_MULTIPROCESSORS: u32 = 132;
 
-/// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, from the
-/// registers its driver gives the fused step's split kernel (examples/kernel_stats.rs;
-/// BENCHMARKS.md, session 5): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7: 146-167 for f16 and
-/// int codecs (3), 203-231 with a rotated side or QJL (2). Ratios 5-8 and above 8 are taken as
-/// GQA 7 (not measured).
+/// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, as
+/// measured by the split count that ran fastest (BENCHMARKS.md, sessions 5 and 6) and read
+/// beside the registers the driver gives the fused step's split kernel
+/// (examples/kernel_stats.rs): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7:
+/// 146-167 for f16 and int codecs (3), 203-231 with a rotated side or QJL (2); GQA 8: 164-244
+/// (2 for every codec: 32 splits beat 48 and 64 for `none` too, whose 164 registers would
+/// allow 3). Ratios 5-6 are taken as GQA 7, above 8 as GQA 8 (not measured).
 fn resident_per_multiprocessor(gqa: u32, rotated: bool, qjl: bool) -> u32 {
-    match (gqa <= 4, rotated || qjl) {
-        (true, _) if qjl => 3,
-        (true, _) => 4,
-        (false, false) => 3,
-        (false, true) => 2,
+    match gqa {
+        0..=4 if qjl => 3,
+        0..=4 => 4,
+        5..=7 if rotated || qjl => 2,
+        5..=7 => 3,
+        _ => 2,
     }
 }
 
@@ -1212,9 +1215,12 @@ mod tests {
         // qwen2.5-7b (4 KV heads, GQA 7): capped at 64, measured best but for none at 32k.
         assert_eq!(gpu_splits(4, resident(7, false, false), 128), 64);
         assert_eq!(gpu_splits(4, resident(7, true, false), 128), 64);
-        // 8 KV heads at GQA 8 (llama3-70b): 49 x 8 <= 396 and 33 x 8 <= 264.
-        assert_eq!(gpu_splits(8, resident(8, false, false), 128), 48);
+        // 8 KV heads at GQA 8 (llama3-70b): 33 x 8 <= 264, measured best for every codec.
+        assert_eq!(gpu_splits(8, resident(8, false, false), 128), 32);
         assert_eq!(gpu_splits(8, resident(8, true, false), 128), 32);
+        assert_eq!(gpu_splits(8, resident(16, true, true), 128), 32);
+        // GQA 7 (qwen2.5-7b shape) with 8 KV heads: 49 x 8 <= 396 for f16 / int codecs.
+        assert_eq!(gpu_splits(8, resident(7, false, false), 128), 48);
         // 8 KV heads x 4 sequences: 16 x 32 <= 528 < 17 x 32.
         assert_eq!(gpu_splits(32, resident(4, false, false), 128), 15);
         // Wider workgroups, fewer resident; a huge grid still gets one split.
