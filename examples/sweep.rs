@@ -1,14 +1,18 @@
 //! Decode sweep: measures the adapter's read bandwidth once, then for each (codec, context)
 //! fills a cache to the context and times decode steps (append + attend for every layer, one
 //! submit per step; the step time is the host clock around submit + wait, the recording is
-//! timed on its own). Prints a progress bar (stderr, on a terminal; plain lines otherwise), a
-//! table (stdout), each codec's device memory by part, and writes a CSV and an SVG plot.
+//! timed on its own; on a GPU the wait spins on the queue, as CUDA's default synchronize does,
+//! unless `--wait block`). Prints a progress bar (stderr, on a terminal; plain lines
+//! otherwise), a table (stdout), each codec's device memory by part, and writes a CSV and an
+//! SVG plot.
 //!
 //! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
 //! --csv out.csv --plot out.svg`. On a CPU adapter with no --model/--ctx given it picks small
 //! sizes by itself so the default command finishes in seconds.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -22,7 +26,26 @@ use models::{MODELS, Model};
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
-             [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]";
+             [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]";
+
+/// How the host waits for a step's commands to finish.
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    /// Poll the device without blocking until the submission is done (CUDA's default
+    /// synchronize spins like this while a core is free; the anchor is timed that way).
+    Spin,
+    /// Block in the driver (`PollType::Wait`): frees the core, costs a wake-up.
+    Block,
+}
+
+impl Wait {
+    fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Block => "block",
+        }
+    }
+}
 
 struct Args {
     model: Option<String>,
@@ -35,6 +58,8 @@ struct Args {
     splits: Option<u32>,
     wg: Option<u32>,
     unfused: bool,
+    /// None: spin on a GPU, block on a CPU adapter (whose threads need the cores).
+    wait: Option<Wait>,
     csv: Option<String>,
     plot: Option<String>,
     mem_budget: Option<f64>,
@@ -66,6 +91,7 @@ fn parse_args() -> Result<Args, String> {
         splits: None,
         wg: None,
         unfused: false,
+        wait: None,
         csv: None,
         plot: None,
         mem_budget: None,
@@ -95,6 +121,13 @@ fn parse_args() -> Result<Args, String> {
             "--busy" => a.busy_ms = Some(num(&val)?),
             "--splits" => a.splits = Some(num(&val)?),
             "--wg" => a.wg = Some(num(&val)?),
+            "--wait" => {
+                a.wait = match val.as_str() {
+                    "spin" => Some(Wait::Spin),
+                    "block" => Some(Wait::Block),
+                    _ => return Err(format!("--wait: '{val}' is not spin or block")),
+                }
+            }
             "--csv" => a.csv = Some(val),
             "--plot" => a.plot = Some(val),
             "--mem-budget" => {
@@ -193,6 +226,34 @@ fn storage(ctx: &GpuContext, data: &[u16]) -> wgpu::Buffer {
             contents: bytemuck::cast_slice(data),
             usage: wgpu::BufferUsages::STORAGE,
         })
+}
+
+/// Submits `cmd` and returns once the GPU has finished it.
+fn submit_and_wait(
+    ctx: &GpuContext,
+    cmd: wgpu::CommandBuffer,
+    wait: Wait,
+) -> Result<(), wgpu::PollError> {
+    match wait {
+        Wait::Block => {
+            let idx = ctx.queue.submit([cmd]);
+            ctx.device.poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })?;
+        }
+        Wait::Spin => {
+            let done = Arc::new(AtomicBool::new(false));
+            let flag = done.clone();
+            ctx.queue.submit([cmd]);
+            ctx.queue
+                .on_submitted_work_done(move || flag.store(true, Ordering::Release));
+            while !done.load(Ordering::Acquire) {
+                ctx.device.poll(wgpu::PollType::Poll)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -393,11 +454,7 @@ fn run_point(
         let cmd = enc.finish();
         let recorded = t0.elapsed();
         let t_submit = Instant::now();
-        let idx = ctx.queue.submit([cmd]);
-        ctx.device.poll(wgpu::PollType::Wait {
-            submission_index: Some(idx),
-            timeout: None,
-        })?;
+        submit_and_wait(ctx, cmd, args.wait.unwrap_or(Wait::Block))?;
         if s >= args.warmup {
             host_ms.push(t_submit.elapsed().as_secs_f64() * 1e3);
             record_ms.push(recorded.as_secs_f64() * 1e3);
@@ -892,13 +949,18 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
 }
 
 fn main() {
-    let args = parse_args().unwrap_or_else(|e| {
+    let mut args = parse_args().unwrap_or_else(|e| {
         eprintln!("sweep: {e}\n{USAGE}");
         std::process::exit(2);
     });
     let ctx = GpuContext::new().unwrap_or_else(|e| {
         eprintln!("sweep: {e}");
         std::process::exit(1);
+    });
+    let wait = *args.wait.get_or_insert(if ctx.is_cpu() {
+        Wait::Block
+    } else {
+        Wait::Spin
     });
     let small = ctx.is_cpu() && args.model.is_none() && args.ctx.is_none();
     let model_name = args.model.clone().unwrap_or_else(|| {
@@ -1043,7 +1105,7 @@ fn main() {
             .map(|r| r.step_ms)
     };
     let mut csv = String::from(
-        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits\n",
+        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait\n",
     );
     let fmt_opt =
         |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
@@ -1087,7 +1149,7 @@ fn main() {
             fmt_bytes(r.mem.total())
         );
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{}\n",
             r.codec,
             m.name,
             r.ctx,
@@ -1106,9 +1168,14 @@ fn main() {
             fmt_opt(frac, 4),
             r.mem.total(),
             r.wall_ms,
-            r.splits
+            r.splits,
+            wait.name()
         );
     }
+    println!(
+        "step_ms: host clock around submit + wait ({}), the step recorded beforehand; record_ms: the recording",
+        wait.name()
+    );
     if let Some(p) = &peak {
         println!(
             "GB/s: K/V bytes a step must read over its GPU time (host time where untimed); %peak: that over {:.1} GB/s, the adapter's streaming read bandwidth ({})",
