@@ -25,7 +25,7 @@ use models::{MODELS, Model};
 
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
+             [--batch B] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
              [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]";
 
 /// How the host waits for a step's commands to finish.
@@ -51,6 +51,8 @@ struct Args {
     model: Option<String>,
     ctx: Option<Vec<u32>>,
     codecs: Vec<String>,
+    /// Sequences decoded together, each at the point's context.
+    batch: u32,
     steps: Option<usize>,
     warmup: usize,
     /// Milliseconds of back-to-back attends before each point's warm-up (None: 300 on a GPU).
@@ -85,6 +87,7 @@ fn parse_args() -> Result<Args, String> {
         model: None,
         ctx: None,
         codecs: vec!["none".into()],
+        batch: 1,
         steps: None,
         warmup: 5,
         busy_ms: None,
@@ -120,6 +123,12 @@ fn parse_args() -> Result<Args, String> {
             "--warmup" => a.warmup = num(&val)? as usize,
             "--busy" => a.busy_ms = Some(num(&val)?),
             "--splits" => a.splits = Some(num(&val)?),
+            "--batch" => {
+                a.batch = num(&val)?;
+                if a.batch == 0 {
+                    return Err("--batch must be at least 1".into());
+                }
+            }
             "--wg" => a.wg = Some(num(&val)?),
             "--wait" => {
                 a.wait = match val.as_str() {
@@ -166,6 +175,15 @@ struct Row {
     mem: MemoryReport,
     /// Decode splits per KV head the cache used.
     splits: u32,
+    /// Sequences per step.
+    batch: u32,
+}
+
+impl Row {
+    /// Attention tokens per second: one per sequence per step.
+    fn tok_s(&self) -> f64 {
+        self.batch as f64 * 1e3 / self.step_ms
+    }
 }
 
 /// Why a point has no row.
@@ -274,7 +292,8 @@ fn run_point(
         m.head_dim,
         context + (args.warmup + steps) as u32 + 1,
     )
-    .with_codecs(codecs);
+    .with_codecs(codecs)
+    .with_batch(args.batch);
     spec.splits = args.splits;
     spec.workgroup = args.wg;
     progress.status(format!("{name} ctx {context}: allocating"));
@@ -284,7 +303,8 @@ fn run_point(
 
     // Fill to `context` from a few random chunks (never zeros), uploaded once.
     let chunk = 256u32.min(context.max(1));
-    let per_tok = (m.kv_heads * m.head_dim) as usize;
+    // One token of every sequence: inputs are [batch, n, kv_heads, head_dim].
+    let per_tok = (args.batch * m.kv_heads * m.head_dim) as usize;
     let chunks: Vec<_> = (0..4)
         .map(|_| {
             let k = storage(ctx, &rng.halves(chunk as usize * per_tok));
@@ -335,7 +355,7 @@ fn run_point(
             )
         })
         .collect();
-    let qn = (m.q_heads * m.head_dim) as usize;
+    let qn = (args.batch * m.q_heads * m.head_dim) as usize;
     let q: Vec<f32> = (0..qn).map(|_| rng.next()).collect();
     let qb = {
         use wgpu::util::DeviceExt;
@@ -469,7 +489,11 @@ fn run_point(
     let l = cache.layout();
     // Bytes a step must read: every stored row of every layer at the mid-run length.
     let len = context as u64 + (args.warmup + steps / 2) as u64;
-    let bytes = m.layers as u64 * m.kv_heads as u64 * len * (l.k_row_bytes + l.v_row_bytes);
+    let bytes = args.batch as u64
+        * m.layers as u64
+        * m.kv_heads as u64
+        * len
+        * (l.k_row_bytes + l.v_row_bytes);
     Ok(Row {
         codec: name.to_string(),
         ctx: context,
@@ -485,6 +509,7 @@ fn run_point(
         dispatches: d.dispatches as f64 / steps as f64,
         mem: cache.memory(),
         splits: l.splits,
+        batch: args.batch,
     })
 }
 
@@ -800,8 +825,9 @@ fn host_available_bytes() -> Option<u64> {
 
 /// Bytes of K/V store a cache of this shape allocates (whole 32-token blocks), before it is
 /// built: to skip a point that cannot fit without trying.
-fn planned_store_bytes(m: &Model, codecs: KvCodecs, capacity: u32) -> u64 {
-    let rows = m.layers as u64 * m.kv_heads as u64 * capacity.next_multiple_of(32) as u64;
+fn planned_store_bytes(m: &Model, codecs: KvCodecs, capacity: u32, batch: u32) -> u64 {
+    let rows =
+        batch as u64 * m.layers as u64 * m.kv_heads as u64 * capacity.next_multiple_of(32) as u64;
     rows * 4 * (codecs.k.row_words(m.head_dim) + codecs.v.row_words(m.head_dim)) as u64
 }
 
@@ -829,7 +855,7 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
     let (Some(&c0), Some(&c1)) = (ctxs.first(), ctxs.last()) else {
         return Err("no measured points to plot".into());
     };
-    let tok = |r: &Row| 1e3 / r.step_ms;
+    let tok = Row::tok_s;
     let (lo, hi) = rows
         .iter()
         .map(tok)
@@ -1006,7 +1032,7 @@ fn main() {
         }
     }
     eprintln!(
-        "kvq sweep on '{}' ({:?}, {:?}){}: model {} ({} layers, {}/{} heads, D {}), ctx {:?}, {} steps",
+        "kvq sweep on '{}' ({:?}, {:?}){}: model {} ({} layers, {}/{} heads, D {}), batch {}, ctx {:?}, {} steps",
         ctx.info.name,
         ctx.info.backend,
         ctx.info.device_type,
@@ -1020,6 +1046,7 @@ fn main() {
         m.q_heads,
         m.kv_heads,
         m.head_dim,
+        args.batch,
         ctxs,
         steps
     );
@@ -1067,7 +1094,8 @@ fn main() {
     for &c in &ctxs {
         for (name, codec) in &codecs {
             let t = Instant::now();
-            let planned = planned_store_bytes(m, *codec, c + (args.warmup + steps) as u32 + 1);
+            let planned =
+                planned_store_bytes(m, *codec, c + (args.warmup + steps) as u32 + 1, args.batch);
             let result = match budget {
                 Some((b, why)) if planned > b => Err(Skip::Skipped(format!(
                     "its K/V store needs {}, over the memory budget of {} ({why})",
@@ -1105,7 +1133,7 @@ fn main() {
             .map(|r| r.step_ms)
     };
     let mut csv = String::from(
-        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait\n",
+        "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch\n",
     );
     let fmt_opt =
         |v: Option<f64>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
@@ -1138,7 +1166,7 @@ fn main() {
             r.step_ms,
             r.record_ms,
             fmt_opt(r.gpu_ms, 3),
-            1e3 / r.step_ms,
+            r.tok_s(),
             gbps,
             fmt_opt(frac.map(|f| 100.0 * f), 1),
             fmt_opt(ratio, 3),
@@ -1149,14 +1177,14 @@ fn main() {
             fmt_bytes(r.mem.total())
         );
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{}\n",
             r.codec,
             m.name,
             r.ctx,
             r.layers,
             r.step_ms,
             fmt_opt(r.gpu_ms, 4),
-            1e3 / r.step_ms,
+            r.tok_s(),
             gbps,
             r.bits_k,
             r.bits_v,
@@ -1169,7 +1197,8 @@ fn main() {
             r.mem.total(),
             r.wall_ms,
             r.splits,
-            wait.name()
+            wait.name(),
+            r.batch
         );
     }
     println!(
