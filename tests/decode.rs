@@ -206,18 +206,29 @@ fn fused_step_matches_reference() {
     // A private context: the test asserts on its transfer counters.
     let gpu = common::private_ctx();
     let (dev, queue) = (&gpu.device, &gpu.queue);
-    for (d, g, kvh, batch, seg_tokens, input) in [
-        (128u32, 4u32, 2u32, 1u32, None, InputType::F32),
-        (96, 8, 1, 2, Some(64u32), InputType::F16),
-        (64, 1, 4, 1, None, InputType::F16),
-    ] {
-        let mut spec = CacheSpec::new(2, kvh * g, kvh, d, 200)
+    // (.., prefill of layers 0 and 1, capacity). The last two cases reach whole 128-token
+    // tiles per split (3 splits: 384 stored tokens per segment) with a tail split 0 takes
+    // beside the new token: layer 0 of the first steps from 378 to 398 in one segment, its
+    // layer 1 has a full first 512-token segment (whose split 0 takes a whole tile, no new
+    // tokens); the second (2 sequences) steps across the segment boundary at 512 (tails of
+    // 121-127 tokens, up to tail + new = one tile) and, on layer 1, from 890 in a segment
+    // starting at 512.
+    type Case = (u32, u32, u32, u32, Option<u32>, InputType, [usize; 2], u32);
+    let cases: [Case; 5] = [
+        (128, 4, 2, 1, None, InputType::F32, [90, 30], 200),
+        (96, 8, 1, 2, Some(64), InputType::F16, [90, 30], 200),
+        (64, 1, 4, 1, None, InputType::F16, [90, 30], 200),
+        (128, 4, 2, 1, Some(512), InputType::F32, [378, 760], 800),
+        (128, 4, 2, 2, Some(512), InputType::F32, [505, 890], 1024),
+    ];
+    for (d, g, kvh, batch, seg_tokens, input, pre, cap) in cases {
+        let mut spec = CacheSpec::new(2, kvh * g, kvh, d, cap)
             .with_splits(3)
             .with_batch(batch);
         spec.segment_tokens = seg_tokens;
         let mut c = Checked::new_on(&gpu, spec, 100 + d as u64);
-        c.append(0, 90);
-        c.append(1, 30);
+        c.append(0, pre[0]);
+        c.append(1, pre[1]);
         let per = (batch * kvh * d) as usize;
         let qn = (batch * kvh * g * d) as usize;
         let usage = wgpu::BufferUsages::STORAGE
@@ -272,7 +283,11 @@ fn fused_step_matches_reference() {
         let (lens, overflow) = c.cache.read_gpu_lengths().unwrap();
         assert_eq!(
             lens,
-            [vec![110; batch as usize], vec![50; batch as usize]].concat()
+            [
+                vec![pre[0] as u32 + 20; batch as usize],
+                vec![pre[1] as u32 + 20; batch as usize]
+            ]
+            .concat()
         );
         assert!(overflow.iter().all(|&f| f == 0));
     }

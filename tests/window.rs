@@ -220,6 +220,42 @@ fn fused_steps_wrap_the_ring_and_attend_the_window() {
     }
 }
 
+/// Splits take whole tiles and split 0 the tail (wgsl/decode.wgsl) in a ring over two
+/// segments: 64-invocation workgroups and 3 splits give 192-token rounds in 256-token
+/// segments. A 40-token step at length 740 cuts a 36-token tail in segment 0 beside new tokens
+/// that spill into segment 1, whose own tail lies in segment 0 (not cut); with a window
+/// shorter than the ring, single steps cut tails beside the new token and in the segment
+/// without new tokens.
+#[test]
+fn split_tails_in_a_ring_over_segments() {
+    for window in [512u32, 448] {
+        let mut spec = CacheSpec::new(1, 8, 2, 64, 512)
+            .with_window(window)
+            .with_batch(2)
+            .with_splits(3);
+        spec.segment_tokens = Some(256);
+        spec.workgroup = Some(64);
+        let mut r = Ring::new(spec, 11 + window as u64);
+        let (start, steps) = if window == 512 { (740, 6) } else { (705, 63) };
+        r.append(0, start);
+        if window == 512 {
+            let e = r.step(0, 40);
+            assert!(
+                e <= TOL,
+                "window {window}: step of 40 at {start}: rel err {e:e}"
+            );
+        }
+        for _ in 0..steps {
+            let e = r.step(0, 1);
+            let len = r.cache.len(0, 0).unwrap();
+            assert!(e <= TOL, "window {window}: step to {len}: rel err {e:e}");
+        }
+        let e = r.attend(0);
+        assert!(e <= TOL, "window {window}: attend: rel err {e:e}");
+        r.check_slots(0, window);
+    }
+}
+
 #[test]
 fn prefill_longer_than_the_ring_keeps_its_last_tokens() {
     // The rotated shape's kernels (slow to compile on lavapipe) are covered by the test above.

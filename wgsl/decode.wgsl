@@ -139,21 +139,41 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // unless the cache is a sliding window). Splits 1..=NSPLIT share its stored positions in
     // this segment; split 0 takes the tokens a fused step appends (wgsl/step.wgsl; none for a
     // plain attend): it encodes their rows and attends them, so encoding runs beside the
-    // other splits, not before them. Positions become slots through `runs` (wgsl/common.wgsl).
+    // other splits, not before them. Positions become slots through runs (wgsl/common.wgsl).
     let total = len + step_tokens(len);
     let lo = total - min(total, WIN);
-    var runs: vec3<u32>;
+    let stored_runs = seg_runs(min(lo, len), len, seg);
+    let stored = stored_runs.y + stored_runs.z;
+    let new_runs = seg_runs(max(len, lo), total, seg);
+    let fresh = new_runs.y + new_runs.z;
+    // Whole tiles per split where the stored tokens split that way but for a tail that split
+    // 0 takes beside its new tokens (together at most a tile): a split's pass over a last tile
+    // of a few tokens costs nearly a full tile's round trips, and just past a multiple of
+    // NSPLIT * WG stored tokens every split had one. Where this segment holds new tokens,
+    // the tail must be the positions just before them (all in this segment), so that split
+    // 0's tokens are one range of positions.
+    let full = stored / (NSPLIT * WG) * WG;
+    let tail = stored - NSPLIT * full;
+    let tail_runs = seg_runs(len - min(len, tail), len, seg);
+    let tail_here = fresh == 0u || tail_runs.y + tail_runs.z == tail;
+    let cut = select(0u, tail, full > 0u && tail + fresh <= WG && tail_here);
+    var runs = stored_runs;
     var start = 0u;
     var end = 0u;
     if s > 0u {
-        runs = seg_runs(min(lo, len), len, seg);
-        let stored = runs.y + runs.z;
-        let chunk = max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK);
-        start = min((s - 1u) * chunk, stored);
-        end = min(start + chunk, stored);
+        let chunk = select(max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK), full, cut > 0u);
+        start = min((s - 1u) * chunk, stored - cut);
+        end = min(start + chunk, stored - cut);
     } else {
-        runs = seg_runs(max(len, lo), total, seg);
-        end = runs.y + runs.z;
+        if fresh == 0u {
+            start = stored - cut;
+            end = stored;
+        } else {
+            // The tail's positions and the new ones (cut > 0 only if lo <= len - cut; a step
+            // of more than the window starts at lo).
+            runs = seg_runs(max(len - cut, lo), total, seg);
+            end = cut + fresh;
+        }
         // This workgroup alone writes and reads the new rows.
         write_new_rows(lid, b, h, len);
         storageBarrier();
