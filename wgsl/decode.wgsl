@@ -109,7 +109,8 @@ fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, acc2: vec4<f32>, m: f3
 }
 
 // Dispatch (KVH * B, NSPLIT + 1, 1) per segment: the workgroups of split 0 (the new tokens of
-// a fused step, which have rows to encode) come first in dispatch order, so they start first.
+// a fused step, which have rows to encode, and a short tail of the stored ones) come first in
+// dispatch order, so they start first.
 @compute @workgroup_size(WG)
 fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let s = wid.y;
@@ -139,7 +140,8 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // unless the cache is a sliding window). Splits 1..=NSPLIT share its stored positions in
     // this segment; split 0 takes the tokens a fused step appends (wgsl/step.wgsl; none for a
     // plain attend): it encodes their rows and attends them, so encoding runs beside the
-    // other splits, not before them. Positions become slots through runs (wgsl/common.wgsl).
+    // other splits, not before them, and it may take a short tail of the stored tokens too
+    // (below). Positions become slots through runs (wgsl/common.wgsl).
     let total = len + step_tokens(len);
     let lo = total - min(total, WIN);
     let stored_runs = seg_runs(min(lo, len), len, seg);
