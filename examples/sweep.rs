@@ -60,11 +60,23 @@ struct Args {
     splits: Option<u32>,
     wg: Option<u32>,
     unfused: bool,
-    /// None: spin on a GPU, block on a CPU adapter (whose threads need the cores).
+    /// `--wait`; None: see [`Args::wait_on`].
     wait: Option<Wait>,
     csv: Option<String>,
     plot: Option<String>,
     mem_budget: Option<f64>,
+}
+
+impl Args {
+    /// How to wait for a step on `ctx`: as asked, else spin on a GPU and block on a CPU
+    /// adapter (whose worker threads need the cores).
+    fn wait_on(&self, ctx: &GpuContext) -> Wait {
+        self.wait.unwrap_or(if ctx.is_cpu() {
+            Wait::Block
+        } else {
+            Wait::Spin
+        })
+    }
 }
 
 /// Splits a `--codecs` list on commas, keeping `k=<codec>,v=<codec>` names whole.
@@ -474,7 +486,7 @@ fn run_point(
         let cmd = enc.finish();
         let recorded = t0.elapsed();
         let t_submit = Instant::now();
-        submit_and_wait(ctx, cmd, args.wait.unwrap_or(Wait::Block))?;
+        submit_and_wait(ctx, cmd, args.wait_on(ctx))?;
         if s >= args.warmup {
             host_ms.push(t_submit.elapsed().as_secs_f64() * 1e3);
             record_ms.push(recorded.as_secs_f64() * 1e3);
@@ -975,7 +987,7 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
 }
 
 fn main() {
-    let mut args = parse_args().unwrap_or_else(|e| {
+    let args = parse_args().unwrap_or_else(|e| {
         eprintln!("sweep: {e}\n{USAGE}");
         std::process::exit(2);
     });
@@ -983,11 +995,7 @@ fn main() {
         eprintln!("sweep: {e}");
         std::process::exit(1);
     });
-    let wait = *args.wait.get_or_insert(if ctx.is_cpu() {
-        Wait::Block
-    } else {
-        Wait::Spin
-    });
+    let wait = args.wait_on(&ctx);
     let small = ctx.is_cpu() && args.model.is_none() && args.ctx.is_none();
     let model_name = args.model.clone().unwrap_or_else(|| {
         if small {
