@@ -251,24 +251,33 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         }
     }
 
-    // Merge the J token lanes into lane 0 (all lanes share m).
-    for (var r = 1u; r < J; r++) {
+    // Merge the J token lanes into lane 0 (all lanes share m): lanes J - 1, ..., 1 in turn add
+    // their sums into comb (the first writes it), one barrier each, then lane 0 adds comb to
+    // its own sums and writes the partial. (Lane by lane into lane 0 took two barriers a lane.)
+    for (var r = J - 1u; r > 0u; r--) {
         if j == r {
-            comb[($g * VC + c) * (VW / 4u)] = acc$g;
-            if VW == 8u { comb[($g * VC + c) * 2u + 1u] = acc2$g; }
-            if c == 0u {
-                lcomb[$g] = l$g;
+            var a$g = acc$g;
+            var a2$g = acc2$g;
+            var lr$g = l$g;
+            if r < J - 1u {
+                a$g += comb[($g * VC + c) * (VW / 4u)];
+                if VW == 8u { a2$g += comb[($g * VC + c) * 2u + 1u]; }
+                lr$g += lcomb[$g];
             }
-        }
-        workgroupBarrier();
-        if j == 0u {
-            acc$g += comb[($g * VC + c) * (VW / 4u)];
-            if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
-            l$g += lcomb[$g];
+            comb[($g * VC + c) * (VW / 4u)] = a$g;
+            if VW == 8u { comb[($g * VC + c) * 2u + 1u] = a2$g; }
+            if c == 0u {
+                lcomb[$g] = lr$g;
+            }
         }
         workgroupBarrier();
     }
     if j == 0u {
+        if J > 1u {
+            acc$g += comb[($g * VC + c) * (VW / 4u)];
+            if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
+            l$g += lcomb[$g];
+        }
         let pi = (b * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
         write_partial($gu, pi, c, acc$g, acc2$g, m$g, l$g);
     }
