@@ -8,7 +8,8 @@
 //!
 //! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
 //! --csv out.csv --plot out.svg`. On a CPU adapter with no --model/--ctx given it picks small
-//! sizes by itself so the default command finishes in seconds.
+//! sizes by itself so the default command finishes in seconds. `--replot FILE.csv --plot
+//! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU).
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -26,7 +27,8 @@ use models::{MODELS, Model};
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
-             [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]";
+             [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+       sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
 #[derive(Clone, Copy, PartialEq)]
@@ -64,6 +66,8 @@ struct Args {
     wait: Option<Wait>,
     csv: Option<String>,
     plot: Option<String>,
+    /// A sweep CSV to plot again (with `--plot`) instead of measuring.
+    replot: Option<String>,
     mem_budget: Option<f64>,
 }
 
@@ -109,6 +113,7 @@ fn parse_args() -> Result<Args, String> {
         wait: None,
         csv: None,
         plot: None,
+        replot: None,
         mem_budget: None,
     };
     let mut it = std::env::args().skip(1);
@@ -151,6 +156,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--csv" => a.csv = Some(val),
             "--plot" => a.plot = Some(val),
+            "--replot" => a.replot = Some(val),
             "--mem-budget" => {
                 let gib: f64 = val
                     .trim()
@@ -852,8 +858,77 @@ fn fmt_ctx(c: u32) -> String {
     }
 }
 
+/// One point of the plot.
+struct Point {
+    codec: String,
+    ctx: u32,
+    /// Attention tokens/s: one per sequence per step.
+    tok_s: f64,
+}
+
+/// Plots a sweep CSV (this example's header; `batch` may be absent, as in CSVs older than it)
+/// to `svg`, as the sweep that wrote it would have.
+fn replot(csv: &str, svg: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(csv)?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().ok_or("empty file")?.split(',').collect();
+    let col = |name: &str| header.iter().position(|h| h.trim() == name);
+    let need = |name: &str| col(name).ok_or(format!("no '{name}' column"));
+    let (codec, model, ctx, layers, step) = (
+        need("codec")?,
+        need("model")?,
+        need("ctx")?,
+        need("layers")?,
+        need("step_ms")?,
+    );
+    let batch = col("batch");
+    let mut points = Vec::new();
+    let mut title = String::new();
+    for (i, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split(',').collect();
+        let field = |c: usize| {
+            f.get(c)
+                .map(|v| v.trim())
+                .ok_or(format!("line {}: too few fields", i + 2))
+        };
+        let num = |c: usize| -> Result<f64, String> {
+            field(c)?
+                .parse::<f64>()
+                .map_err(|_| format!("line {}: '{}' is not a number", i + 2, f[c]))
+        };
+        let step_ms = num(step)?;
+        let b = match batch {
+            Some(c) => num(c)?,
+            None => 1.0,
+        };
+        if !step_ms.is_finite() || step_ms <= 0.0 || !b.is_finite() || b < 1.0 {
+            return Err(format!("line {}: step_ms or batch out of range", i + 2).into());
+        }
+        let ctx = num(ctx)?;
+        if !(1.0..=u32::MAX as f64).contains(&ctx) {
+            return Err(format!("line {}: ctx out of range", i + 2).into());
+        }
+        if title.is_empty() {
+            title = format!(
+                "kvq decode attention: {} ({} layers), from {}",
+                field(model)?,
+                field(layers)?,
+                std::path::Path::new(csv)
+                    .file_name()
+                    .map_or(csv.into(), |n| n.to_string_lossy())
+            );
+        }
+        points.push(Point {
+            codec: field(codec)?.to_string(),
+            ctx: ctx as u32,
+            tok_s: b * 1e3 / step_ms,
+        });
+    }
+    plot(svg, &points, &title)
+}
+
 /// Attention tokens/s against context, one line per codec, log-scale axes.
-fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn plot(path: &str, rows: &[Point], title: &str) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let mut codecs: Vec<&str> = Vec::new();
     for r in rows {
@@ -867,7 +942,7 @@ fn plot(path: &str, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error:
     let (Some(&c0), Some(&c1)) = (ctxs.first(), ctxs.last()) else {
         return Err("no measured points to plot".into());
     };
-    let tok = Row::tok_s;
+    let tok = |p: &Point| p.tok_s;
     let (lo, hi) = rows
         .iter()
         .map(tok)
@@ -991,6 +1066,20 @@ fn main() {
         eprintln!("sweep: {e}\n{USAGE}");
         std::process::exit(2);
     });
+    if let Some(csv) = &args.replot {
+        let Some(svg) = &args.plot else {
+            eprintln!("sweep: --replot needs --plot FILE.svg\n{USAGE}");
+            std::process::exit(2);
+        };
+        match replot(csv, svg) {
+            Ok(()) => eprintln!("wrote {svg}"),
+            Err(e) => {
+                eprintln!("sweep: cannot replot {csv}: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let ctx = GpuContext::new().unwrap_or_else(|e| {
         eprintln!("sweep: {e}");
         std::process::exit(1);
@@ -1250,7 +1339,15 @@ fn main() {
             "kvq decode attention: {} ({} layers), {}",
             m.name, m.layers, ctx.info.name
         );
-        match plot(path, &rows, &title) {
+        let points: Vec<Point> = rows
+            .iter()
+            .map(|r| Point {
+                codec: r.codec.clone(),
+                ctx: r.ctx,
+                tok_s: r.tok_s(),
+            })
+            .collect();
+        match plot(path, &points, &title) {
             Ok(()) => eprintln!("wrote {path}"),
             Err(e) => {
                 eprintln!("sweep: cannot plot to {path}: {e}");
