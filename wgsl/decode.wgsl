@@ -258,16 +258,16 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if j == r {
             var a$g = acc$g;
             var a2$g = acc2$g;
-            var lr$g = l$g;
             if r < J - 1u {
                 a$g += comb[($g * VC + c) * (VW / 4u)];
                 if VW == 8u { a2$g += comb[($g * VC + c) * 2u + 1u]; }
-                lr$g += lcomb[$g];
             }
             comb[($g * VC + c) * (VW / 4u)] = a$g;
             if VW == 8u { comb[($g * VC + c) * 2u + 1u] = a2$g; }
+            // Only the lane's column-0 thread touches lcomb (a read by the others would race
+            // with its write).
             if c == 0u {
-                lcomb[$g] = lr$g;
+                lcomb[$g] = select(l$g, l$g + lcomb[$g], r < J - 1u);
             }
         }
         workgroupBarrier();
