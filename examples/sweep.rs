@@ -9,7 +9,8 @@
 //! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
 //! --csv out.csv --plot out.svg`. On a CPU adapter with no --model/--ctx given it picks small
 //! sizes by itself so the default command finishes in seconds. `--replot FILE.csv --plot
-//! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU).
+//! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU); its
+//! title names the CSV file where a sweep's names the device.
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -117,7 +118,12 @@ fn parse_args() -> Result<Args, String> {
         mem_budget: None,
     };
     let mut it = std::env::args().skip(1);
+    // Flags that measure (all but --plot and --replot): --replot takes none of them.
+    let mut measuring = Vec::new();
     while let Some(flag) = it.next() {
+        if flag != "--plot" && flag != "--replot" {
+            measuring.push(flag.clone());
+        }
         if flag == "--unfused" {
             a.unfused = true;
             continue;
@@ -165,6 +171,14 @@ fn parse_args() -> Result<Args, String> {
                 a.mem_budget = Some(gib);
             }
             _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    if a.replot.is_some() {
+        if let Some(f) = measuring.first() {
+            return Err(format!("--replot takes only --plot, not {f}"));
+        }
+        if a.plot.is_none() {
+            return Err("--replot needs --plot FILE.svg".into());
         }
     }
     Ok(a)
@@ -866,13 +880,14 @@ struct Point {
     tok_s: f64,
 }
 
-/// Plots a sweep CSV (this example's header; `batch` may be absent, as in CSVs older than it)
-/// to `svg`, as the sweep that wrote it would have.
-fn replot(csv: &str, svg: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let text = std::fs::read_to_string(csv)?;
+/// The plot's points and title from a sweep CSV (this example's header; `batch` may be absent,
+/// as in CSVs older than it). The title names the CSV file where a sweep's names the device.
+fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
+    let text = std::fs::read_to_string(csv).map_err(|e| e.to_string())?;
     let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().ok_or("empty file")?.split(',').collect();
-    let col = |name: &str| header.iter().position(|h| h.trim() == name);
+    let first = lines.next().ok_or("empty file")?;
+    let header = csv_fields(first.trim_start_matches('\u{feff}'));
+    let col = |name: &str| header.iter().position(|h| h == name);
     let need = |name: &str| col(name).ok_or(format!("no '{name}' column"));
     let (codec, model, ctx, layers, step) = (
         need("codec")?,
@@ -885,46 +900,74 @@ fn replot(csv: &str, svg: &str) -> Result<(), Box<dyn std::error::Error>> {
     let mut points = Vec::new();
     let mut title = String::new();
     for (i, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').collect();
-        let field = |c: usize| {
-            f.get(c)
-                .map(|v| v.trim())
-                .ok_or(format!("line {}: too few fields", i + 2))
-        };
-        let num = |c: usize| -> Result<f64, String> {
-            field(c)?
-                .parse::<f64>()
-                .map_err(|_| format!("line {}: '{}' is not a number", i + 2, f[c]))
-        };
-        let step_ms = num(step)?;
-        let b = match batch {
-            Some(c) => num(c)?,
-            None => 1.0,
-        };
-        if !step_ms.is_finite() || step_ms <= 0.0 || !b.is_finite() || b < 1.0 {
-            return Err(format!("line {}: step_ms or batch out of range", i + 2).into());
+        let n = i + 2;
+        let f = csv_fields(line);
+        if f.len() != header.len() {
+            return Err(format!(
+                "line {n}: {} fields, the header has {}",
+                f.len(),
+                header.len()
+            ));
         }
-        let ctx = num(ctx)?;
-        if !(1.0..=u32::MAX as f64).contains(&ctx) {
-            return Err(format!("line {}: ctx out of range", i + 2).into());
+        let num = |c: usize| -> Result<f64, String> {
+            f[c].parse::<f64>()
+                .map_err(|_| format!("line {n}: '{}' is not a number", f[c]))
+        };
+        let (step_ms, ctx) = (num(step)?, num(ctx)?);
+        let b = batch.map_or(Ok(1.0), num)?;
+        let tok_s = b * 1e3 / step_ms;
+        if !(step_ms > 0.0 && b >= 1.0 && tok_s.is_finite() && tok_s > 0.0) {
+            return Err(format!("line {n}: step_ms or batch out of range"));
+        }
+        if !(1.0..=u32::MAX as f64).contains(&ctx) || ctx.fract() != 0.0 {
+            return Err(format!("line {n}: ctx is not a token count"));
         }
         if title.is_empty() {
+            let file = std::path::Path::new(csv)
+                .file_name()
+                .map_or(csv.into(), |n| n.to_string_lossy());
             title = format!(
-                "kvq decode attention: {} ({} layers), from {}",
-                field(model)?,
-                field(layers)?,
-                std::path::Path::new(csv)
-                    .file_name()
-                    .map_or(csv.into(), |n| n.to_string_lossy())
+                "kvq decode attention: {} ({} layers), from {file}",
+                f[model], f[layers]
             );
         }
         points.push(Point {
-            codec: field(codec)?.to_string(),
+            codec: f[codec].clone(),
             ctx: ctx as u32,
-            tok_s: b * 1e3 / step_ms,
+            tok_s,
         });
     }
-    plot(svg, &points, &title)
+    Ok((points, title))
+}
+
+/// A CSV field as the sweep writes it: quoted (`"` doubled inside) where it holds a comma or a
+/// quote, as a `k=q4,v=q8` codec name does.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The fields of one CSV line: commas outside double quotes separate them; `""` inside quotes
+/// is a quote; fields are trimmed.
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut fields, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut cur).trim().to_string()),
+            _ => cur.push(ch),
+        }
+    }
+    fields.push(cur.trim().to_string());
+    fields
 }
 
 /// Attention tokens/s against context, one line per codec, log-scale axes.
@@ -948,6 +991,9 @@ fn plot(path: &str, rows: &[Point], title: &str) -> Result<(), Box<dyn std::erro
         .map(tok)
         .fold((f64::MAX, 0f64), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let (y0, y1) = (lo / 1.5, hi * 1.5);
+    if !(y0 > 0.0 && y1.is_finite()) {
+        return Err("tokens/s out of a log axis's range".into());
+    }
     // Ticks at 1, 2 and 5 times each power of ten in range (a log axis alone labels only the
     // powers of ten, often just one or two).
     let mut y_ticks = Vec::new();
@@ -1026,11 +1072,12 @@ fn plot(path: &str, rows: &[Point], title: &str) -> Result<(), Box<dyn std::erro
             });
         let color = HUES[i % HUES.len()];
         let filled = i < HUES.len();
-        let pts: Vec<(f64, f64)> = rows
+        let mut pts: Vec<(f64, f64)> = rows
             .iter()
             .filter(|r| r.codec == *name)
             .map(|r| (r.ctx as f64, tok(r)))
             .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let line = color.stroke_width(2);
         if k_only {
             chart.draw_series(DashedLineSeries::new(pts.clone(), 7, 5, line))?;
@@ -1066,15 +1113,15 @@ fn main() {
         eprintln!("sweep: {e}\n{USAGE}");
         std::process::exit(2);
     });
-    if let Some(csv) = &args.replot {
-        let Some(svg) = &args.plot else {
-            eprintln!("sweep: --replot needs --plot FILE.svg\n{USAGE}");
-            std::process::exit(2);
-        };
-        match replot(csv, svg) {
+    if let (Some(csv), Some(svg)) = (&args.replot, &args.plot) {
+        let (points, title) = read_points(csv).unwrap_or_else(|e| {
+            eprintln!("sweep: cannot replot {csv}: {e}");
+            std::process::exit(1);
+        });
+        match plot(svg, &points, &title) {
             Ok(()) => eprintln!("wrote {svg}"),
             Err(e) => {
-                eprintln!("sweep: cannot replot {csv}: {e}");
+                eprintln!("sweep: cannot plot to {svg}: {e}");
                 std::process::exit(1);
             }
         }
@@ -1275,7 +1322,7 @@ fn main() {
         );
         csv += &format!(
             "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{}\n",
-            r.codec,
+            csv_field(&r.codec),
             m.name,
             r.ctx,
             r.layers,
