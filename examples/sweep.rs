@@ -971,24 +971,23 @@ fn csv_fields(line: &str) -> Vec<String> {
 }
 
 /// Attention tokens/s against context, one line per codec, log-scale axes.
-fn plot(path: &str, rows: &[Point], title: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn plot(path: &str, points: &[Point], title: &str) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let mut codecs: Vec<&str> = Vec::new();
-    for r in rows {
-        if !codecs.contains(&r.codec.as_str()) {
-            codecs.push(&r.codec);
+    for p in points {
+        if !codecs.contains(&p.codec.as_str()) {
+            codecs.push(&p.codec);
         }
     }
-    let mut ctxs: Vec<u32> = rows.iter().map(|r| r.ctx).collect();
+    let mut ctxs: Vec<u32> = points.iter().map(|p| p.ctx).collect();
     ctxs.sort_unstable();
     ctxs.dedup();
     let (Some(&c0), Some(&c1)) = (ctxs.first(), ctxs.last()) else {
         return Err("no measured points to plot".into());
     };
-    let tok = |p: &Point| p.tok_s;
-    let (lo, hi) = rows
+    let (lo, hi) = points
         .iter()
-        .map(tok)
+        .map(|p| p.tok_s)
         .fold((f64::MAX, 0f64), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let (y0, y1) = (lo / 1.5, hi * 1.5);
     if !(y0 > 0.0 && y1.is_finite()) {
@@ -1072,10 +1071,10 @@ fn plot(path: &str, rows: &[Point], title: &str) -> Result<(), Box<dyn std::erro
             });
         let color = HUES[i % HUES.len()];
         let filled = i < HUES.len();
-        let mut pts: Vec<(f64, f64)> = rows
+        let mut pts: Vec<(f64, f64)> = points
             .iter()
-            .filter(|r| r.codec == *name)
-            .map(|r| (r.ctx as f64, tok(r)))
+            .filter(|p| p.codec == *name)
+            .map(|p| (p.ctx as f64, p.tok_s))
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let line = color.stroke_width(2);
