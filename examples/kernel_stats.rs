@@ -96,6 +96,8 @@ fn spirv(src: &str, entry: &str) -> Result<(Vec<u32>, Vec<Binding>), Error> {
             binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
         },
         zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Polyfill,
+        // As kvq compiles its kernels: without wgpu's loop bounding (GpuContext::with_shader_checks).
+        force_loop_bounding: false,
         ..Default::default()
     };
     let pipe = spv::PipelineOptions {

@@ -27,7 +27,7 @@ use models::{MODELS, Model};
 
 const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--batch B] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused]
+             [--batch B] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
              [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
@@ -62,6 +62,8 @@ struct Args {
     busy_ms: Option<u32>,
     splits: Option<u32>,
     wg: Option<u32>,
+    /// `--shader-checks`: compile with all of wgpu's shader runtime checks (loop bounding too).
+    shader_checks: bool,
     unfused: bool,
     /// `--wait`; None: see [`Args::wait_on`].
     wait: Option<Wait>,
@@ -110,6 +112,7 @@ fn parse_args() -> Result<Args, String> {
         busy_ms: None,
         splits: None,
         wg: None,
+        shader_checks: false,
         unfused: false,
         wait: None,
         csv: None,
@@ -126,6 +129,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--unfused" {
             a.unfused = true;
+            continue;
+        }
+        if flag == "--shader-checks" {
+            a.shader_checks = true;
             continue;
         }
         if flag == "-h" || flag == "--help" {
@@ -1126,10 +1133,12 @@ fn main() {
         }
         return;
     }
-    let ctx = GpuContext::new().unwrap_or_else(|e| {
-        eprintln!("sweep: {e}");
-        std::process::exit(1);
-    });
+    let ctx = GpuContext::new()
+        .unwrap_or_else(|e| {
+            eprintln!("sweep: {e}");
+            std::process::exit(1);
+        })
+        .with_shader_checks(args.shader_checks);
     let wait = args.wait_on(&ctx);
     let small = ctx.is_cpu() && args.model.is_none() && args.ctx.is_none();
     let model_name = args.model.clone().unwrap_or_else(|| {

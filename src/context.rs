@@ -95,6 +95,7 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     caps: Capabilities,
     counters: Arc<TransferCounters>,
+    shader_checks: bool,
 }
 
 /// [`GpuContext::new`] has wgpu refuse (as an out-of-memory error) a buffer that would take
@@ -248,7 +249,28 @@ impl GpuContext {
             info,
             caps,
             counters: Arc::new(TransferCounters::default()),
+            shader_checks: false,
         }
+    }
+
+    /// Compiles the kernels of caches created from now on with all of wgpu's shader runtime
+    /// checks (`true`), or, the default (`false`), with every one but loop bounding.
+    ///
+    /// wgpu bounds every loop with a hidden iteration counter, a guard against shaders that
+    /// never terminate. kvq's loops terminate by construction (each counts by a fixed step to
+    /// a bound derived from the cache's shape or from lengths the kernels keep within
+    /// capacity), and the counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md,
+    /// session 8), so they are left out unless asked for, as a debugging aid. Array indices
+    /// are clamped into range either way.
+    pub fn with_shader_checks(mut self, on: bool) -> GpuContext {
+        self.shader_checks = on;
+        self
+    }
+
+    /// Whether kernels are compiled with wgpu's loop bounding too
+    /// ([`GpuContext::with_shader_checks`]).
+    pub fn shader_checks(&self) -> bool {
+        self.shader_checks
     }
 
     /// Optional accelerations available on this device.

@@ -572,6 +572,8 @@ pub(crate) type Described<'a> = (
 pub(crate) struct Pipelines {
     device: wgpu::Device,
     cfg: KernelConfig,
+    /// Whether modules are compiled with wgpu's loop bounding.
+    checks: bool,
     pub append_store: wgpu::BindGroupLayout,
     pub append_input: wgpu::BindGroupLayout,
     pub decode_store: wgpu::BindGroupLayout,
@@ -700,6 +702,7 @@ impl Pipelines {
                 let src = self.cfg.append_source(input);
                 build(
                     &self.device,
+                    self.checks,
                     "kvq append",
                     src,
                     &self.append_layout,
@@ -722,6 +725,7 @@ impl Pipelines {
                 let src = self.cfg.step_source(input);
                 build(
                     &self.device,
+                    self.checks,
                     "kvq step",
                     src,
                     &self.step_layout,
@@ -732,7 +736,8 @@ impl Pipelines {
             .map_err(Clone::clone)
     }
 
-    pub fn new(device: &wgpu::Device, cfg: &KernelConfig) -> Result<Pipelines> {
+    /// `checks`: compile with wgpu's loop bounding ([`crate::GpuContext::with_shader_checks`]).
+    pub fn new(device: &wgpu::Device, cfg: &KernelConfig, checks: bool) -> Result<Pipelines> {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let append_store = layout(device, APPEND_STORE);
         let append_input = layout(device, APPEND_INPUT);
@@ -755,6 +760,7 @@ impl Pipelines {
         }
         let attend = build(
             device,
+            checks,
             "kvq decode",
             cfg.decode_source(),
             &decode_layout,
@@ -763,6 +769,7 @@ impl Pipelines {
         Ok(Pipelines {
             device: device.clone(),
             cfg: cfg.clone(),
+            checks,
             append_layout,
             step_layout,
             attend,
@@ -778,19 +785,30 @@ impl Pipelines {
     }
 }
 
-/// Compiles `src` and one pipeline per entry point, inside a validation error scope.
+/// Compiles `src` and one pipeline per entry point, inside a validation error scope. Array
+/// indices are clamped into range (wgpu's bounds checks) always; loops carry wgpu's hidden
+/// iteration bound only with `loop_bounds` ([`crate::GpuContext::with_shader_checks`]).
 fn build<const N: usize>(
     device: &wgpu::Device,
+    loop_bounds: bool,
     label: &str,
     src: String,
     layout: &wgpu::PipelineLayout,
     entries: [&str; N],
 ) -> Result<[wgpu::ComputePipeline; N]> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(src.into()),
-    });
+    };
+    let checks = wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: loop_bounds,
+        ..wgpu::ShaderRuntimeChecks::checked()
+    };
+    // SAFETY: without loop bounding, wgpu's contract is that every loop terminates. kvq's do:
+    // each counts up (or down) by a fixed step to a bound derived from the cache's shape
+    // constants or from lengths the kernels keep within capacity. Bounds checks stay on.
+    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     let pipes = entries.map(|ep| {
         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(ep),

@@ -280,3 +280,31 @@ fn foreign_device_buffers_are_typed_errors() {
         .unwrap();
     assert!(out.iter().all(|x| x.is_finite()));
 }
+
+/// A context asking for all of wgpu's shader runtime checks (loop bounding too, which kvq
+/// leaves out by default) builds the same kernels and gets the same attention.
+#[test]
+fn shader_checks_on_match_reference() {
+    let gpu = common::private_ctx().with_shader_checks(true);
+    assert!(gpu.shader_checks() && !ctx().shader_checks());
+    let spec = CacheSpec::new(1, 4, 2, 64, 80).with_splits(2);
+    let mut cache = KvCache::new(&gpu, spec).unwrap();
+    let mut rng = Rng(23);
+    let k = rng.normals(70 * 2 * 64, 1.0);
+    let v = rng.normals(70 * 2 * 64, 1.0);
+    cache.append_host(0, &k, &v).unwrap();
+    let q = rng.normals(4 * 64, 2.0);
+    let got = cache.attend_host(0, &q).unwrap();
+    let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+    let want = reference::attention(
+        &q64,
+        &reference::round_f16(&k),
+        &reference::round_f16(&v),
+        4,
+        2,
+        64,
+        1.0 / 8.0,
+    );
+    let e = rel_err(&got, &want);
+    assert!(e <= 1e-3, "rel err {e:e}");
+}
