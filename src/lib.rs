@@ -36,4 +36,4 @@ pub use context::{Capabilities, GpuContext, TransferStats};
 pub use error::{KvqError, Result};
 pub use kernels::{InputType, KernelConfig};
 pub use memory::{MemoryReport, StoreBytes};
-pub use spec::CacheSpec;
+pub use spec::{CacheSpec, MAX_CAPACITY};

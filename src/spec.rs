@@ -47,6 +47,10 @@ pub struct CacheSpec {
     pub workgroup: Option<u32>,
 }
 
+/// Most tokens a cache holds: a ring's slot arithmetic (`wgsl/common.wgsl`, `seg_runs`) adds
+/// up to a capacity's worth of positions to a slot, which must not wrap a u32.
+pub const MAX_CAPACITY: u32 = 1 << 31;
+
 impl CacheSpec {
     /// A spec with batch 1, f16 K/V and default scale, seed and splits.
     pub fn new(
@@ -182,8 +186,14 @@ impl CacheSpec {
         if self.segment_tokens == Some(0) {
             return bad("segment_tokens must be at least 1".into());
         }
-        self.codecs.k.check_head_dim(self.head_dim)?;
-        self.codecs.v.check_head_dim(self.head_dim)?;
+        if self.capacity > MAX_CAPACITY {
+            return bad(format!(
+                "capacity {} is above {MAX_CAPACITY} tokens (the kernels' slot arithmetic is u32)",
+                self.capacity
+            ));
+        }
+        // Both codecs and the pair (the QJL residual is for K only).
+        self.codecs.check_head_dim(self.head_dim)?;
         Ok(())
     }
 }

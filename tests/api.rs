@@ -24,6 +24,13 @@ fn bad_specs_are_typed_errors() {
         CacheSpec::new(1, 4, 0, 64, 16),  // no kv heads
         CacheSpec::new(1, 4, 4, 64, 16).with_batch(0),
         CacheSpec::new(1, 4, 4, 64, 16).with_splits(0),
+        // Past the u32 slot arithmetic of a ring.
+        CacheSpec::new(1, 4, 4, 64, kvq::MAX_CAPACITY + 1).with_window(64),
+        // A QJL residual on V, built directly rather than parsed (the kernels have none).
+        CacheSpec::new(1, 4, 4, 64, 16).with_codecs(KvCodecs {
+            k: kvq::Codec::turbo(3),
+            v: kvq::Codec::turbo(3).with_qjl(true),
+        }),
     ];
     for spec in bad {
         match KvCache::new(ctx(), spec.clone()) {

@@ -219,7 +219,9 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         m$g = mn$g;
         p_sh[lid * GP + $g / 4u][$g % 4u] = select(0.0, exp(sc$g - mn$g), lid < tn);
         if V_VSCALE {
-            vs_sh[lid] = select(0.0, v_row_scale(row0 + run_slot(t0 + lid, runs)), lid < tn);
+            // select evaluates both sides: lanes past the tile read the tile's last row, not
+            // rows past the run (or the buffer).
+            vs_sh[lid] = select(0.0, v_row_scale(row0 + run_slot(t0 + min(lid, tn - 1u), runs)), lid < tn);
         }
         workgroupBarrier();
         // Values: thread (c, j) accumulates columns VW c .. VW c + VW - 1 over tokens j, j+J, ...

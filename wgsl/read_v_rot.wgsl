@@ -8,8 +8,10 @@ fn v_load(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let sh = bit % 32u;
     var f = v_store[r + bit / 32u] >> sh;
     if V_BITS == 3u {
-        // Always loaded (no divergent branch); unused unless the field straddles.
-        let hi = v_store[r + bit / 32u + 1u];
+        // Always loaded (no divergent branch); unused unless the field straddles. The last
+        // column's next word can lie past the row (and, for the buffer's last row, past the
+        // buffer): it reads the row's last word instead.
+        let hi = v_store[r + min(bit / 32u + 1u, V_WORDS - 1u)];
         f |= select(0u, hi << (32u - sh), sh > 8u);
     }
     let mask = vec4<u32>((1u << V_BITS) - 1u);
