@@ -17,8 +17,8 @@ pub struct CacheSpec {
     pub kv_heads: u32,
     /// Values per head vector (64, 96, 128 and 256 are tested).
     pub head_dim: u32,
-    /// Tokens each sequence can hold. With a [`CacheSpec::window`], the ring of slots holding
-    /// each sequence's last `capacity` tokens.
+    /// Tokens each sequence can hold (at most [`MAX_CAPACITY`]). With a [`CacheSpec::window`],
+    /// the ring of slots holding each sequence's last `capacity` tokens.
     pub capacity: u32,
     /// Sliding window: attention covers only each sequence's last `window` tokens (the new
     /// ones included), as models with sliding-window layers need. The sequence length keeps
