@@ -192,6 +192,21 @@ fn recorded_step_moves_zero_host_bytes() {
 }
 
 /// f16 inputs (two halves per word) append the same values as f32 inputs.
+/// f64 attention of query `q` over K/V rows `[tokens, kv_heads, d]` stored as f16, at the
+/// default scale.
+fn f16_attention(q: &[f32], k: &[f32], v: &[f32], qh: usize, kvh: usize, d: usize) -> Vec<f64> {
+    let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+    reference::attention(
+        &q64,
+        &reference::round_f16(k),
+        &reference::round_f16(v),
+        qh,
+        kvh,
+        d,
+        1.0 / (d as f64).sqrt(),
+    )
+}
+
 #[test]
 fn f16_input_matches_reference() {
     let spec = CacheSpec::new(1, 4, 2, 96, 100).with_splits(2);
@@ -220,16 +235,7 @@ fn f16_input_matches_reference() {
     ctx().queue.submit([enc.finish()]);
     let q = rng.normals(4 * 96, 2.0);
     let got = attend_poisoned(&cache, 0, &q);
-    let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
-    let want = reference::attention(
-        &q64,
-        &reference::round_f16(&k),
-        &reference::round_f16(&v),
-        4,
-        2,
-        96,
-        1.0 / 96f64.sqrt(),
-    );
+    let want = f16_attention(&q, &k, &v, 4, 2, 96);
     let e = rel_err(&got, &want);
     assert!(e <= 1e-3, "rel err {e:e}");
 }
@@ -302,16 +308,7 @@ fn shader_checks_on_match_reference() {
     cache.append_host(0, &k, &v).unwrap();
     let q = rng.normals(4 * 64, 2.0);
     let got = cache.attend_host(0, &q).unwrap();
-    let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
-    let want = reference::attention(
-        &q64,
-        &reference::round_f16(&k),
-        &reference::round_f16(&v),
-        4,
-        2,
-        64,
-        1.0 / 8.0,
-    );
+    let want = f16_attention(&q, &k, &v, 4, 2, 64);
     let e = rel_err(&got, &want);
     assert!(e <= 1e-3, "rel err {e:e}");
 }
