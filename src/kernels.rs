@@ -573,7 +573,7 @@ pub(crate) struct Pipelines {
     device: wgpu::Device,
     cfg: KernelConfig,
     /// Whether modules are compiled with wgpu's loop bounding.
-    checks: bool,
+    loop_bounds: bool,
     pub append_store: wgpu::BindGroupLayout,
     pub append_input: wgpu::BindGroupLayout,
     pub decode_store: wgpu::BindGroupLayout,
@@ -702,7 +702,7 @@ impl Pipelines {
                 let src = self.cfg.append_source(input);
                 build(
                     &self.device,
-                    self.checks,
+                    self.loop_bounds,
                     "kvq append",
                     src,
                     &self.append_layout,
@@ -725,7 +725,7 @@ impl Pipelines {
                 let src = self.cfg.step_source(input);
                 build(
                     &self.device,
-                    self.checks,
+                    self.loop_bounds,
                     "kvq step",
                     src,
                     &self.step_layout,
@@ -736,8 +736,8 @@ impl Pipelines {
             .map_err(Clone::clone)
     }
 
-    /// `checks`: compile with wgpu's loop bounding ([`crate::GpuContext::with_shader_checks`]).
-    pub fn new(device: &wgpu::Device, cfg: &KernelConfig, checks: bool) -> Result<Pipelines> {
+    /// `loop_bounds`: compile with wgpu's loop bounding ([`crate::GpuContext::with_shader_checks`]).
+    pub fn new(device: &wgpu::Device, cfg: &KernelConfig, loop_bounds: bool) -> Result<Pipelines> {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let append_store = layout(device, APPEND_STORE);
         let append_input = layout(device, APPEND_INPUT);
@@ -760,7 +760,7 @@ impl Pipelines {
         }
         let attend = build(
             device,
-            checks,
+            loop_bounds,
             "kvq decode",
             cfg.decode_source(),
             &decode_layout,
@@ -769,7 +769,7 @@ impl Pipelines {
         Ok(Pipelines {
             device: device.clone(),
             cfg: cfg.clone(),
-            checks,
+            loop_bounds,
             append_layout,
             step_layout,
             attend,
