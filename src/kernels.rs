@@ -302,8 +302,7 @@ impl KernelConfig {
             + g * wg / 16 // mx_sh
             + 4 * g.div_ceil(4) * wg // p_sh
             + self.partial_width() * g // comb
-            + wg // vs_sh
-            + g + 1 // lcomb, len_sh
+            + 1 // len_sh
             + 32 // level tables
             + self.diag_len() // diag_sh
             + g.max(er) * rw // rot_sh

@@ -35,14 +35,11 @@ var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
 const MXP: u32 = WG / 16u;
 var<workgroup> mx_sh: array<vec4<f32>, G * MXP / 4u>;
 // Softmax weights, the G heads of a token side by side (GP vec4s per token), so the V loop
-// reads a token's weights for all heads in one or two loads.
+// reads a token's weights for all heads in one or two loads. A rotated V codec's row scale
+// (one per row) is folded in, so the V loop applies it once per token, not per value.
 const GP: u32 = (G + 3u) / 4u;
 var<workgroup> p_sh: array<vec4<f32>, GP * WG>;
 var<workgroup> comb: array<vec4<f32>, G * PV4>;
-// The V row scale of each token of the tile (rotated V with one scale per row): applied
-// once per token to the softmax weight instead of to every value.
-var<workgroup> vs_sh: array<f32, WG>;
-var<workgroup> lcomb: array<f32, G>;
 var<workgroup> len_sh: u32;
 
 // Per-query-head state lives in named registers: lines holding `$g` are repeated for each
@@ -187,6 +184,10 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let c = lid % VC;
     let j = lid / VC;
     var m$g = NEG;
+    // The softmax sum of this invocation's own tokens (one per tile, the one it scores): kept
+    // by the token's owner, once, rather than by every V column's invocation once per token
+    // (4 of the V loop's 37 instructions a token, H200 SASS); summed over the workgroup at
+    // the end.
     var l$g = 0.0;
     var acc$g = vec4<f32>(0.0);
     var acc2$g = vec4<f32>(0.0);
@@ -217,41 +218,53 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
         let alpha$g = exp(m$g - mn$g);
         m$g = mn$g;
-        p_sh[lid * GP + $g / 4u][$g % 4u] = select(0.0, exp(sc$g - mn$g), lid < tn);
+        let pw$g = select(0.0, exp(sc$g - mn$g), lid < tn);
+        l$g = l$g * alpha$g + pw$g;
+        var vs = 1.0;
         if V_VSCALE {
-            // select evaluates both sides: lanes past the tile read the tile's last row, not
-            // rows past the run (or the buffer).
-            vs_sh[lid] = select(0.0, v_row_scale(row0 + run_slot(t0 + min(lid, tn - 1u), runs)), lid < tn);
+            // Lanes past the tile read the tile's last row (their weight is 0), not rows past
+            // the run (or the buffer).
+            vs = v_row_scale(row0 + run_slot(t0 + min(lid, tn - 1u), runs));
         }
+        p_sh[lid * GP + $g / 4u][$g % 4u] = pw$g * vs;
         workgroupBarrier();
         // Values: thread (c, j) accumulates columns VW c .. VW c + VW - 1 over tokens j, j+J, ...
         if j < J {
             acc$g *= alpha$g;
             acc2$g *= alpha$g;
-            l$g *= alpha$g;
             // VB independent row loads in flight per batch (32 values per thread): a lone load per
             // token would leave the loop waiting on memory latency once per token.
             var i = j;
             for (; i + (VB - 1u) * J < tn; i += VB * J) {
                 let v$w = v_load(row0 + run_slot(t0 + i + $w * J, runs), c);
-                var vs$w = 1.0;
-                if V_VSCALE { vs$w = vs_sh[i + $w * J]; }
                 let p$g$w = p_sh[(i + $w * J) * GP + $g / 4u][$g % 4u];
-                acc$g += (p$g$w * vs$w) * v$w[0];
-                if VW == 8u { acc2$g += (p$g$w * vs$w) * v$w[1]; }
-                l$g += p$g$w;
+                acc$g += p$g$w * v$w[0];
+                if VW == 8u { acc2$g += p$g$w * v$w[1]; }
             }
             for (; i < tn; i += J) {
                 let v = v_load(row0 + run_slot(t0 + i, runs), c);
-                var vs = 1.0;
-                if V_VSCALE { vs = vs_sh[i]; }
                 let p$g = p_sh[i * GP + $g / 4u][$g % 4u];
-                acc$g += (p$g * vs) * v[0];
-                if VW == 8u { acc2$g += (p$g * vs) * v[1]; }
-                l$g += p$g;
+                acc$g += p$g * v[0];
+                if VW == 8u { acc2$g += p$g * v[1]; }
             }
         }
     }
+
+    // The softmax sum over the workgroup's invocations (all share m), as the tile max: MXP
+    // partial sums of 16, then every invocation adds the MXP of them. (s_sh and mx_sh were last
+    // read before the last tile's final barrier.)
+    s_sh[$g * (WG / 4u) + lid / 4u][lid % 4u] = l$g;
+    workgroupBarrier();
+    if lid < MXP {
+        let y$g = s_sh[$g * (WG / 4u) + 4u * lid] + s_sh[$g * (WG / 4u) + 4u * lid + 1u] + s_sh[$g * (WG / 4u) + 4u * lid + 2u] + s_sh[$g * (WG / 4u) + 4u * lid + 3u];
+        mx_sh[($g * MXP + lid) / 4u][lid % 4u] = y$g.x + y$g.y + y$g.z + y$g.w;
+    }
+    workgroupBarrier();
+    var lt$g = vec4<f32>(0.0);
+    for (var i = 0u; i < MXP / 4u; i++) {
+        lt$g += mx_sh[$g * (MXP / 4u) + i];
+    }
+    l$g = lt$g.x + lt$g.y + lt$g.z + lt$g.w;
 
     // Merge the J token lanes into lane 0 (all lanes share m): lanes J - 1, ..., 1 in turn add
     // their sums into comb (the first writes it), one barrier each, then lane 0 adds comb to
@@ -266,11 +279,6 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             }
             comb[($g * VC + c) * (VW / 4u)] = a$g;
             if VW == 8u { comb[($g * VC + c) * 2u + 1u] = a2$g; }
-            // Only the lane's column-0 thread touches lcomb (a read by the others would race
-            // with its write).
-            if c == 0u {
-                lcomb[$g] = select(l$g, l$g + lcomb[$g], r < J - 1u);
-            }
         }
         workgroupBarrier();
     }
@@ -278,7 +286,6 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if J > 1u {
             acc$g += comb[($g * VC + c) * (VW / 4u)];
             if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
-            l$g += lcomb[$g];
         }
         let pi = (b * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
         write_partial($gu, pi, c, acc$g, acc2$g, m$g, l$g);

@@ -7,6 +7,6 @@ fn k_scores(row: u32) {
         let ka$u = vec4<f32>(unpack2x16float(kr$u.x), unpack2x16float(kr$u.y));
         let kb$u = vec4<f32>(unpack2x16float(kr$u.z), unpack2x16float(kr$u.w));
         let qo$g = $g * (D / 4u) + 2u * w;
-        sc$g += dot(q_sh[qo$g + 2u * $u], ka$u) + dot(q_sh[qo$g + 2u * $u + 1u], kb$u);
+        sc$g = fma4(fma4(sc$g, q_sh[qo$g + 2u * $u], ka$u), q_sh[qo$g + 2u * $u + 1u], kb$u);
     }
 }

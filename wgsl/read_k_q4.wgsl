@@ -21,6 +21,10 @@ fn k_scores(row: u32) {
         let c2 = q4_codes(w2);
         let c3 = q4_codes(w3);
         let qb$g = $g * (D / 4u) + 8u * j;
-        sc$g += d * (dot(q_sh[qb$g], c0[0]) + dot(q_sh[qb$g + 1u], c0[1]) + dot(q_sh[qb$g + 2u], c1[0]) + dot(q_sh[qb$g + 3u], c1[1]) + dot(q_sh[qb$g + 4u], c2[0]) + dot(q_sh[qb$g + 5u], c2[1]) + dot(q_sh[qb$g + 6u], c3[0]) + dot(q_sh[qb$g + 7u], c3[1]));
+        var part$g = fma4(fma4(0.0, q_sh[qb$g], c0[0]), q_sh[qb$g + 1u], c0[1]);
+        part$g = fma4(fma4(part$g, q_sh[qb$g + 2u], c1[0]), q_sh[qb$g + 3u], c1[1]);
+        part$g = fma4(fma4(part$g, q_sh[qb$g + 4u], c2[0]), q_sh[qb$g + 5u], c2[1]);
+        part$g = fma4(fma4(part$g, q_sh[qb$g + 6u], c3[0]), q_sh[qb$g + 7u], c3[1]);
+        sc$g += d * part$g;
     }
 }

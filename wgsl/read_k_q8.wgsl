@@ -8,7 +8,7 @@ fn k_scores(row: u32) {
         let d = select(sw.x, sw.y, j % 2u == 1u);
         let c$v = vec4<f32>(unpack4xU8(w$v)) - 128.0;
         var part$g = 0.0;
-        part$g += dot(q_sh[$g * (D / 4u) + 8u * j + $v], c$v);
+        part$g = fma4(part$g, q_sh[$g * (D / 4u) + 8u * j + $v], c$v);
         sc$g += d * part$g;
     }
 }

@@ -47,7 +47,7 @@ fn k_scores(row: u32) {
         let c$k = (vec4<u32>(k_field(w, 4u * $ku * K_BITS)) >> shifts) & mask;
         let l$k = vec4<f32>(lv_k[c$k.x], lv_k[c$k.y], lv_k[c$k.z], lv_k[c$k.w]);
         var part$g = 0.0;
-        part$g += dot(rot_sh[$g * (RW / 4u) + 8u * j + $k], l$k);
+        part$g = fma4(part$g, rot_sh[$g * (RW / 4u) + 8u * j + $k], l$k);
         sc$g += s * part$g;
     }
     if K_QJL {
@@ -60,7 +60,7 @@ fn k_scores(row: u32) {
         for (var j = 0u; j < D / 32u; j++) {
             let w = k_store[base + (K_QJL_WORD + j) * KB];
             let sgn$k = vec4<f32>((vec4<u32>(w >> (4u * $ku)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) * 2.0 - 1.0;
-            t$g += dot(sq_sh[$g * (D / 4u) + 8u * j + $k], sgn$k);
+            t$g = fma4(t$g, sq_sh[$g * (D / 4u) + 8u * j + $k], sgn$k);
         }
         sc$g += coef * t$g;
     }
