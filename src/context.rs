@@ -254,20 +254,26 @@ impl GpuContext {
     }
 
     /// Compiles the kernels of caches created from now on with all of wgpu's shader runtime
-    /// checks (`true`), or, the default (`false`), with every one but loop bounding.
+    /// checks (`true`), or, the default (`false`), without loop bounding, and without index
+    /// clamping where the V codec is rotated.
     ///
     /// wgpu bounds every loop with a hidden iteration counter, a guard against shaders that
     /// never terminate. kvq's loops terminate by construction (each counts by a fixed step to
     /// a bound derived from the cache's shape or from lengths the kernels keep within
     /// capacity), and the counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md,
-    /// session 8), so they are left out unless asked for, as a debugging aid. Array indices
-    /// are clamped into range either way.
+    /// session 8). wgpu also clamps every array index into range; every kvq index is in range
+    /// by construction (audited, BENCHMARKS.md sessions 8 and 9), and the clamps cost a cache
+    /// with a rotated V codec (turbo, rotor, iso) 7-10 % of its step, one on each level-table
+    /// lookup, so its kernels leave them out ([`crate::KernelConfig::clamps_indices`]); for the
+    /// other codecs leaving them out measured nothing or a loss, and they stay. On Vulkan the
+    /// driver's own buffer robustness stays on regardless. `true` restores every check, as a
+    /// debugging aid.
     pub fn with_shader_checks(mut self, on: bool) -> GpuContext {
         self.shader_checks = on;
         self
     }
 
-    /// Whether kernels are compiled with wgpu's loop bounding too
+    /// Whether kernels are compiled with all of wgpu's shader runtime checks
     /// ([`GpuContext::with_shader_checks`]).
     pub fn shader_checks(&self) -> bool {
         self.shader_checks

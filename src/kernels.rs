@@ -84,6 +84,20 @@ pub struct KernelConfig {
 }
 
 impl KernelConfig {
+    /// Whether this cache's kernels are compiled with wgpu's index clamping: every codec but a
+    /// rotated V codec's (see the crate's `kernels::runtime_checks` for the measurements and
+    /// why every index is in range without it).
+    pub fn clamps_indices(&self) -> bool {
+        // The audits hold for the shapes `CacheSpec::validate` accepts; a configuration built
+        // by hand outside them keeps the clamps.
+        let shape_ok = self.head_dim.is_multiple_of(32)
+            && (32..=256).contains(&self.head_dim)
+            && matches!(self.workgroup, 64 | 128 | 256)
+            && (1..=8).contains(&self.gqa)
+            && !self.v.qjl;
+        !(self.v.kind.is_rotated() && shape_ok)
+    }
+
     /// Decode splits over all segments (the partials per query head): per segment, `splits`
     /// over the stored tokens and one for the tokens a fused step appends.
     pub fn splits_total(&self) -> u32 {
@@ -571,8 +585,8 @@ pub(crate) type Described<'a> = (
 pub(crate) struct Pipelines {
     device: wgpu::Device,
     cfg: KernelConfig,
-    /// Whether modules are compiled with wgpu's loop bounding.
-    loop_bounds: bool,
+    /// wgpu's shader runtime checks the modules are compiled with.
+    checks: wgpu::ShaderRuntimeChecks,
     pub append_store: wgpu::BindGroupLayout,
     pub append_input: wgpu::BindGroupLayout,
     pub decode_store: wgpu::BindGroupLayout,
@@ -701,7 +715,7 @@ impl Pipelines {
                 let src = self.cfg.append_source(input);
                 build(
                     &self.device,
-                    self.loop_bounds,
+                    self.checks,
                     "kvq append",
                     src,
                     &self.append_layout,
@@ -724,7 +738,7 @@ impl Pipelines {
                 let src = self.cfg.step_source(input);
                 build(
                     &self.device,
-                    self.loop_bounds,
+                    self.checks,
                     "kvq step",
                     src,
                     &self.step_layout,
@@ -735,8 +749,14 @@ impl Pipelines {
             .map_err(Clone::clone)
     }
 
-    /// `loop_bounds`: compile with wgpu's loop bounding ([`crate::GpuContext::with_shader_checks`]).
-    pub fn new(device: &wgpu::Device, cfg: &KernelConfig, loop_bounds: bool) -> Result<Pipelines> {
+    /// `all_checks`: compile with every one of wgpu's shader runtime checks
+    /// ([`crate::GpuContext::with_shader_checks`]); otherwise [`runtime_checks`] decides.
+    pub fn new(device: &wgpu::Device, cfg: &KernelConfig, all_checks: bool) -> Result<Pipelines> {
+        let checks = if all_checks {
+            wgpu::ShaderRuntimeChecks::checked()
+        } else {
+            runtime_checks(cfg)
+        };
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let append_store = layout(device, APPEND_STORE);
         let append_input = layout(device, APPEND_INPUT);
@@ -759,7 +779,7 @@ impl Pipelines {
         }
         let attend = build(
             device,
-            loop_bounds,
+            checks,
             "kvq decode",
             cfg.decode_source(),
             &decode_layout,
@@ -768,7 +788,7 @@ impl Pipelines {
         Ok(Pipelines {
             device: device.clone(),
             cfg: cfg.clone(),
-            loop_bounds,
+            checks,
             append_layout,
             step_layout,
             attend,
@@ -784,12 +804,33 @@ impl Pipelines {
     }
 }
 
-/// Compiles `src` and one pipeline per entry point, inside a validation error scope. Array
-/// indices are clamped into range (wgpu's bounds checks) always; loops carry wgpu's hidden
-/// iteration bound only with `loop_bounds` ([`crate::GpuContext::with_shader_checks`]).
+/// The shader runtime checks kvq's kernels are compiled with, unless all are asked for.
+///
+/// wgpu's loop bounding (a hidden iteration counter on every loop, a guard against shaders
+/// that never end) is left out: every kvq loop counts by a fixed step to a bound derived from
+/// the cache's shape constants or from lengths the kernels keep within capacity, and the
+/// counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md, session 8).
+///
+/// wgpu's index clamping (every array index clamped into range in the shader) is left out
+/// where the V codec is rotated (turbo, rotor, iso): there it cost 7-10 % of the step (a
+/// clamp on each level-table lookup, BENCHMARKS.md, session 9), while for the other codecs
+/// its removal measured nothing or a loss. Every index of every kernel is in range by
+/// construction (the audits of sessions 8 and 9: codes are masked to their table's size, row
+/// and word indices stay within the row, the buffer or the workgroup array); the driver's
+/// own buffer robustness (Vulkan's robustBufferAccess2, which wgpu enables) stays on.
+pub(crate) fn runtime_checks(cfg: &KernelConfig) -> wgpu::ShaderRuntimeChecks {
+    wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        bounds_checks: cfg.clamps_indices(),
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
+}
+
+/// Compiles `src` and one pipeline per entry point, inside a validation error scope, with
+/// `checks` ([`runtime_checks`]).
 fn build<const N: usize>(
     device: &wgpu::Device,
-    loop_bounds: bool,
+    checks: wgpu::ShaderRuntimeChecks,
     label: &str,
     src: String,
     layout: &wgpu::PipelineLayout,
@@ -800,13 +841,8 @@ fn build<const N: usize>(
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(src.into()),
     };
-    let checks = wgpu::ShaderRuntimeChecks {
-        force_loop_bounding: loop_bounds,
-        ..wgpu::ShaderRuntimeChecks::checked()
-    };
-    // SAFETY: without loop bounding, wgpu's contract is that every loop terminates. kvq's do:
-    // each counts up (or down) by a fixed step to a bound derived from the cache's shape
-    // constants or from lengths the kernels keep within capacity. Bounds checks stay on.
+    // SAFETY: wgpu's contract for the checks left out (see `runtime_checks`): every loop
+    // terminates, and no index leaves its array or buffer.
     let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     let pipes = entries.map(|ep| {
         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

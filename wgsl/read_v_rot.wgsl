@@ -12,7 +12,9 @@ fn v_load(row: u32, c: u32) -> array<vec4<f32>, 2> {
         // column's next word can lie past the row (and, for the buffer's last row, past the
         // buffer): it reads the row's last word instead.
         let hi = v_store[r + min(bit / 32u + 1u, V_WORDS - 1u)];
-        f |= select(0u, hi << (32u - sh), sh > 8u);
+        // (The shift is masked: at sh = 0 a shift by 32 would be undefined in SPIR-V and MSL,
+        // which naga does not mask, even though select drops the value.)
+        f |= select(0u, hi << ((32u - sh) & 31u), sh > 8u);
     }
     let mask = vec4<u32>((1u << V_BITS) - 1u);
     let lo = (vec4<u32>(f) >> vec4<u32>(0u, V_BITS, 2u * V_BITS, 3u * V_BITS)) & mask;
