@@ -516,12 +516,12 @@ enum Side {
 }
 
 /// Independent encode tasks per stored row (each task writes whole words): a word per task
-/// for f16, a pair of 32-value blocks (their code words and shared scale word) for q8/q4.
+/// for f16; for q8/q4 one per code word, then one per scale word (two blocks' scales).
 /// Rotated codecs have none: the workgroup encodes their rows together (`encode_rows`).
 pub(crate) fn encode_tasks(codec: Codec, head_dim: u32) -> u32 {
     match codec.kind {
         CodecKind::None => head_dim / 2,
-        CodecKind::Sym => head_dim.div_ceil(64),
+        CodecKind::Sym => head_dim * codec.bits as u32 / 32 + head_dim.div_ceil(64),
         _ => 0,
     }
 }

@@ -27,8 +27,8 @@ struct Input {
 const APPEND_WG: u32 = 256u;
 var<workgroup> base_sh: u32;
 
-// Encode tasks per new row: K_TASKS for K then V_TASKS for V (a word for f16, a pair of
-// 32-value blocks for q8/q4; each task owns whole words). A rotated side has no tasks: its
+// Encode tasks per new row: K_TASKS for K then V_TASKS for V (a word for f16, a code word or
+// a scale word for q8/q4; each task owns whole words). A rotated side has no tasks: its
 // rows are encoded by the whole workgroup (encode_rows), up to ER at a time.
 const ROW_TASKS: u32 = K_TASKS + V_TASKS;
 // The divisor for task indices (never zero, even when no task exists).

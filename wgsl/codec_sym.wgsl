@@ -39,38 +39,44 @@ fn @SIDE@_quantize(x: vec2<f32>, d: f32, qmax: f32) -> vec2<f32> {
     c += select(vec2<f32>(0.0), sign(x), ((r == half) & (x > vec2<f32>(0.0))) | ((r == -half) & (x < vec2<f32>(0.0))));
     return clamp(c, vec2<f32>(-qmax), vec2<f32>(qmax));
 }
-// Encode task `task` (of @S@_TASKS = ceil(D/64) per row): blocks 2 task and 2 task + 1, their
-// code words and their shared scale word, so no two tasks write the same word.
+// The stored (f16-rounded) scale of block `blk` of the row whose first input pair is `src`:
+// its largest magnitude over qmax, within f16's range.
+fn @SIDE@_block_scale(src: u32, blk: u32, qmax: f32) -> f32 {
+    var amax = 0.0;
+    for (var i = 0u; i < 16u; i++) {
+        let p = abs(in_pair_@SIDE@(src + 16u * blk + i));
+        amax = max(amax, max(p.x, p.y));
+    }
+    return f16_round(min(amax / qmax, 65504.0));
+}
+
+// Encode task `task` of a row (of @S@_TASKS = D * BITS / 32 code words, then ceil(D / 64)
+// scale words): code word `task`, quantized against its block's stored scale, or scale word
+// `task - D * BITS / 32` (blocks 2t and 2t + 1). Each task finds its block's scale itself, so
+// that a new row's words are encoded in parallel (one task per block pair took a row's whole
+// encode into two invocations, on the fused step's critical path).
 fn encode_@SIDE@(row: u32, src: u32, task: u32) {
     let qmax = f32((1u << (@S@_BITS - 1u)) - 1u);
-    let nb = min(2u, (D - 64u * task) / 32u);
-    var amax = vec2<f32>(0.0);
-    for (var i = 0u; i < 16u; i++) {
-        let p0 = abs(in_pair_@SIDE@(src + 32u * task + i));
-        amax.x = max(amax.x, max(p0.x, p0.y));
-        if nb == 2u {
-            let p1 = abs(in_pair_@SIDE@(src + 32u * task + 16u + i));
-            amax.y = max(amax.y, max(p1.x, p1.y));
+    let code_words = D * @S@_BITS / 32u;
+    if task >= code_words {
+        let t = task - code_words;
+        var d = vec2<f32>(@SIDE@_block_scale(src, 2u * t, qmax), 0.0);
+        if 2u * t + 1u < D / 32u {
+            d.y = @SIDE@_block_scale(src, 2u * t + 1u, qmax);
         }
+        @SIDE@_store[@SIDE@_word(row, @S@_SIDE_WORD + t)] = pack2x16float(d);
+        return;
     }
-    let d = min(amax / qmax, vec2<f32>(65504.0));
-    // Quantize against the stored (f16-rounded) scales, as the reference does.
-    let ds = vec2<f32>(f16_round(d.x), f16_round(d.y));
-    let packed = pack2x16float(ds);
-    @SIDE@_store[@SIDE@_word(row, @S@_SIDE_WORD + task)] = packed;
+    // Quantize against the stored (f16-rounded) scale, as the reference does. A block's
+    // 32 values fill BITS words.
+    let d = @SIDE@_block_scale(src, task / @S@_BITS, qmax);
     let per_word = 32u / @S@_BITS;
-    for (var k = 0u; k < nb; k++) {
-        let blk = 2u * task + k;
-        let dk = select(ds.x, ds.y, k == 1u);
-        for (var w = 0u; w < @S@_BITS; w++) {
-            var word = 0u;
-            for (var i = 0u; i < per_word; i += 2u) {
-                let x = in_pair_@SIDE@(src + (32u * blk + w * per_word + i) / 2u);
-                let c = @SIDE@_quantize(x, dk, qmax);
-                let u = vec2<u32>(vec2<i32>(c) + vec2<i32>(1 << (@S@_BITS - 1u)));
-                word |= (u.x << (i * @S@_BITS)) | (u.y << ((i + 1u) * @S@_BITS));
-            }
-            @SIDE@_store[@SIDE@_word(row, blk * @S@_BITS + w)] = word;
-        }
+    var word = 0u;
+    for (var i = 0u; i < per_word; i += 2u) {
+        let x = in_pair_@SIDE@(src + (task * per_word + i) / 2u);
+        let c = @SIDE@_quantize(x, d, qmax);
+        let u = vec2<u32>(vec2<i32>(c) + vec2<i32>(1 << (@S@_BITS - 1u)));
+        word |= (u.x << (i * @S@_BITS)) | (u.y << ((i + 1u) * @S@_BITS));
     }
+    @SIDE@_store[@SIDE@_word(row, task)] = word;
 }
