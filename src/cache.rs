@@ -293,9 +293,12 @@ impl KvCache {
         let k_row_bytes = spec.codecs.k.row_words(d) as u64 * 4;
         let v_row_bytes = spec.codecs.v.row_words(d) as u64 * 4;
         let per_token = spec.batch as u64 * spec.kv_heads as u64 * k_row_bytes.max(v_row_bytes);
+        // At most 4 GiB a binding (Metal allows more): the kernels index in u32, and this
+        // keeps every element index of every binding below 2^32.
         let max_binding = limits
             .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
+            .min(limits.max_buffer_size)
+            .min(u32::MAX as u64);
         let mut seg_tokens = (max_binding / per_token).min(spec.capacity as u64) as u32;
         if let Some(t) = spec.segment_tokens {
             seg_tokens = seg_tokens.min(t);
