@@ -8,6 +8,11 @@
 //! `cargo run --release --example kernel_stats -- --model qwen3-8b --ctx 32768 --codecs all`
 //! (`--splits` defaults to 64 and `--wg` to 128, the common GPU case; the split count is a
 //! constant of the kernel that does not change its registers).
+//!
+//! `--dump DIR` also writes each pipeline's SPIR-V and its Vulkan pipeline-cache data
+//! (`DIR/<codec>-<entry>.{spv,cache}`). NVIDIA's cache data holds the compiled machine code:
+//! `python3 bench/sass.py DIR/*.cache` turns it into SASS listings with NVIDIA's `nvdisasm`
+//! (BENCHMARKS.md, session 9, read the H200's this way).
 
 use std::ffi::CString;
 
@@ -24,7 +29,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--wg 128]";
+[--codecs none,...|all] [--splits 64] [--wg 128] [--dump DIR]";
 
 struct Args {
     model: String,
@@ -32,6 +37,7 @@ struct Args {
     codecs: Vec<String>,
     splits: u32,
     workgroup: u32,
+    dump: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +47,7 @@ fn parse_args() -> Result<Args, String> {
         codecs: vec!["none".into()],
         splits: 64,
         workgroup: 128,
+        dump: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,6 +59,7 @@ fn parse_args() -> Result<Args, String> {
             "--codecs" => a.codecs = value()?.split(',').map(String::from).collect(),
             "--splits" => a.splits = num(value()?)?,
             "--wg" => a.workgroup = num(value()?)?,
+            "--dump" => a.dump = Some(value()?),
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
@@ -60,9 +68,10 @@ fn parse_args() -> Result<Args, String> {
 }
 
 /// SPIR-V of `entry` in `src` as wgpu's Vulkan backend writes it on a device with robust
-/// buffer access 2 (indices clamped, buffer accesses left to the driver), and the bindings
-/// it declares: (group, binding, descriptor type).
-fn spirv(src: &str, entry: &str) -> Result<(Vec<u32>, Vec<Binding>), Error> {
+/// buffer access 2 (buffer accesses left to the driver) with kvq's runtime checks (indices
+/// clamped where `clamp`: `KernelConfig::clamps_indices`), and the bindings it declares:
+/// (group, binding, descriptor type).
+fn spirv(src: &str, entry: &str, clamp: bool) -> Result<(Vec<u32>, Vec<Binding>), Error> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
     let info = Validator::new(
         ValidationFlags::all(),
@@ -90,7 +99,11 @@ fn spirv(src: &str, entry: &str) -> Result<(Vec<u32>, Vec<Binding>), Error> {
     let opts = spv::Options {
         lang_version: (1, 3),
         bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Restrict,
+            index: if clamp {
+                naga::proc::BoundsCheckPolicy::Restrict
+            } else {
+                naga::proc::BoundsCheckPolicy::Unchecked
+            },
             buffer: naga::proc::BoundsCheckPolicy::Unchecked,
             image_load: naga::proc::BoundsCheckPolicy::Unchecked,
             binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
@@ -178,9 +191,16 @@ impl Vulkan {
     }
 
     /// Every statistic the driver reports for the compute pipeline of `entry`, as
-    /// "name=value" strings.
-    fn pipeline_stats(&self, src: &str, entry: &str) -> Result<Vec<String>, Error> {
-        let (words, bindings) = spirv(src, entry)?;
+    /// "name=value" strings; with `dump`, the pipeline's cache data and SPIR-V are written to
+    /// `{dump}.cache` and `{dump}.spv`.
+    fn pipeline_stats(
+        &self,
+        src: &str,
+        entry: &str,
+        clamp: bool,
+        dump: Option<&str>,
+    ) -> Result<Vec<String>, Error> {
+        let (words, bindings) = spirv(src, entry, clamp)?;
         let d = &self.device;
         // SAFETY: as in `new`; everything created here is destroyed before returning.
         unsafe {
@@ -218,9 +238,20 @@ impl Vulkan {
                 .stage(stage)
                 .layout(layout)
                 .flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+            // A pipeline cache of its own, so that its data (which on NVIDIA's driver holds the
+            // compiled machine code, zstd-compressed) is this pipeline's alone.
+            let cache = d.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)?;
             let pipeline = d
-                .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+                .create_compute_pipelines(cache, &[info], None)
                 .map_err(|(_, e)| e)?[0];
+            if let Some(path) = dump {
+                std::fs::write(format!("{path}.cache"), d.get_pipeline_cache_data(cache)?)?;
+                std::fs::write(
+                    format!("{path}.spv"),
+                    bytemuck::cast_slice::<u32, u8>(&words),
+                )?;
+            }
+            d.destroy_pipeline_cache(cache, None);
             let mut out = Vec::new();
             let execs = self.stats.get_pipeline_executable_properties(
                 &vk::PipelineInfoKHR::default().pipeline(pipeline),
@@ -272,6 +303,9 @@ fn run() -> Result<(), Error> {
     } else {
         args.codecs.clone()
     };
+    if let Some(dir) = &args.dump {
+        std::fs::create_dir_all(dir)?;
+    }
     let vk = Vulkan::new()?;
     println!(
         "{} — {} ctx {} (splits {}, workgroup {})",
@@ -299,7 +333,11 @@ fn run() -> Result<(), Error> {
         // sweep); reduce is the same in every module.
         let src = cfg.step_source(InputType::F16);
         for entry in ["split", "reduce"] {
-            let stats = vk.pipeline_stats(&src, entry)?;
+            let dump = args
+                .dump
+                .as_ref()
+                .map(|dir| format!("{dir}/{}-{entry}", name.replace(['=', ',', '+'], "_")));
+            let stats = vk.pipeline_stats(&src, entry, cfg.clamps_indices(), dump.as_deref())?;
             println!("{name:<24} {entry:<7} {}", stats.join(", "));
         }
     }
