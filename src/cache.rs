@@ -238,9 +238,12 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
     }
     let c = spec.codecs;
     let rotated = c.k.kind.is_rotated() || c.v.kind.is_rotated();
+    // An f16 or int K (its query in q_sh) beside a rotated V (8 values per invocation) holds
+    // more registers than either family alone, like a QJL K.
+    let heavy = c.k.qjl || (c.v.kind.is_rotated() && !c.k.kind.is_rotated());
     gpu_splits(
         spec.kv_heads.saturating_mul(spec.batch),
-        resident_per_multiprocessor(spec.gqa(), rotated, c.k.qjl),
+        resident_per_multiprocessor(spec.gqa(), rotated, heavy),
         spec.workgroup.unwrap_or(DECODE_WG),
     )
 }
@@ -251,15 +254,18 @@ const TUNED_MULTIPROCESSORS: u32 = 132;
 /// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, as
 /// measured by the split count that ran fastest (BENCHMARKS.md, sessions 5 and 6) and read
 /// beside the registers the driver gives the fused step's split kernel
-/// (examples/kernel_stats.rs): GQA 4: 92-127 registers (4), 167 with a QJL K (3); GQA 7:
-/// 146-167 for f16 and int codecs (3), 203-231 with a rotated side or QJL (2); GQA 8: 164-244
-/// (2 for every codec: 32 splits beat 48 and 64 for `none` too, whose 164 registers would
-/// allow 3). Ratios 5-6 are taken as GQA 7, above 8 as GQA 8 (not measured).
-fn resident_per_multiprocessor(gqa: u32, rotated: bool, qjl: bool) -> u32 {
+/// (examples/kernel_stats.rs): GQA 4: 92-128 registers (4), 167 with a QJL K (3), and 3 for
+/// an f16 or int K beside a rotated V (`heavy` with QJL: 48 splits beat 64 by 16-21 % for
+/// `k=none,v=turbo3`, `k=q8,v=turbo3`, `k=q4,v=iso3`, `k=q8,v=iso4` at 4k and 32k, session 9,
+/// while `k=turbo3,v=q8` keeps 64); GQA 7: 146-167 for f16 and int codecs (3), 203-231 with a
+/// rotated side or QJL (2); GQA 8: 164-244 (2 for every codec: 32 splits beat 48 and 64 for
+/// `none` too, whose 164 registers would allow 3). Ratios 5-6 are taken as GQA 7, above 8 as
+/// GQA 8 (not measured).
+fn resident_per_multiprocessor(gqa: u32, rotated: bool, heavy: bool) -> u32 {
     match gqa {
-        0..=4 if qjl => 3,
+        0..=4 if heavy => 3,
         0..=4 => 4,
-        5..=7 if rotated || qjl => 2,
+        5..=7 if rotated || heavy => 2,
         5..=7 => 3,
         _ => 2,
     }
@@ -267,9 +273,9 @@ fn resident_per_multiprocessor(gqa: u32, rotated: bool, qjl: bool) -> u32 {
 
 /// Splits per KV head on a GPU: the largest split grid (`groups` = KV heads x sequences rows
 /// of splits + 1 workgroups) that fits in one wave of resident workgroups, at most 64. On an
-/// H200 a second wave cost 30-50 % (qwen3-8b: 64 splits best, 48 with a QJL K; qwen2.5-7b,
-/// 4 KV heads, GQA 7: each codec fastest with its largest one-wave grid). Elsewhere it is a
-/// default; `CacheSpec::with_splits` overrides it.
+/// H200 a second wave cost 30-50 % (qwen3-8b: 64 splits best, 48 with a QJL K or an f16/int
+/// K beside a rotated V; qwen2.5-7b, 4 KV heads, GQA 7: each codec fastest with its largest
+/// one-wave grid). Elsewhere it is a default; `CacheSpec::with_splits` overrides it.
 fn gpu_splits(groups: u32, resident: u32, workgroup: u32) -> u32 {
     let slots = TUNED_MULTIPROCESSORS * resident * DECODE_WG / workgroup.max(1);
     (slots / groups.max(1)).saturating_sub(1).clamp(1, 64)
@@ -1214,6 +1220,7 @@ mod tests {
         // qwen3-8b / llama3-8b (8 KV heads, GQA 4), one sequence: measured best.
         assert_eq!(gpu_splits(8, resident(4, false, false), 128), 64);
         assert_eq!(gpu_splits(8, resident(4, true, false), 128), 64);
+        // A QJL K, or an f16/int K beside a rotated V: 3 resident.
         assert_eq!(gpu_splits(8, resident(4, true, true), 128), 48);
         // qwen2.5-7b (4 KV heads, GQA 7): capped at 64, measured best but for none at 32k.
         assert_eq!(gpu_splits(4, resident(7, false, false), 128), 64);
