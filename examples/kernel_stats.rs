@@ -21,6 +21,8 @@ use kvq::{InputType, KernelConfig, KvCodecs};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+#[path = "shared/codec_list.rs"]
+mod codec_list;
 #[path = "shared/models.rs"]
 mod models;
 
@@ -56,7 +58,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--model" => a.model = value()?,
             "--ctx" => a.ctx = num(value()?)?,
-            "--codecs" => a.codecs = value()?.split(',').map(String::from).collect(),
+            "--codecs" => a.codecs = codec_list::split_codecs(&value()?),
             "--splits" => a.splits = num(value()?)?,
             "--wg" => a.workgroup = num(value()?)?,
             "--dump" => a.dump = Some(value()?),

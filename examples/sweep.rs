@@ -21,8 +21,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvq::memory::fmt_bytes;
 use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryReport};
 
+#[path = "shared/codec_list.rs"]
+mod codec_list;
 #[path = "shared/models.rs"]
 mod models;
+use codec_list::split_codecs;
 use models::{MODELS, Model};
 
 const USAGE: &str =
@@ -84,21 +87,6 @@ impl Args {
             Wait::Spin
         })
     }
-}
-
-/// Splits a `--codecs` list on commas, keeping `k=<codec>,v=<codec>` names whole.
-fn split_codecs(list: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for part in list.split(',').map(str::trim) {
-        match out.last_mut() {
-            Some(prev) if part.starts_with("v=") && prev.starts_with("k=") => {
-                prev.push(',');
-                prev.push_str(part);
-            }
-            _ => out.push(part.to_string()),
-        }
-    }
-    out
 }
 
 fn parse_args() -> Result<Args, String> {
