@@ -861,3 +861,50 @@ fn build<const N: usize>(
     }
     Ok(pipes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::KernelConfig;
+    use crate::KvCodecs;
+
+    fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
+        let c = KvCodecs::parse(codecs).unwrap();
+        KernelConfig {
+            head_dim,
+            gqa: 4,
+            kv_heads: 2,
+            batch: 1,
+            capacity: 256,
+            window: None,
+            layers: 1,
+            splits: 4,
+            segments: 1,
+            min_chunk: 32,
+            scale: 0.125,
+            workgroup: 128,
+            k: c.k,
+            v: c.v,
+        }
+    }
+
+    #[test]
+    fn index_clamps_only_where_v_is_not_rotated_or_the_shape_is_unchecked() {
+        for (codecs, clamps) in [
+            ("none", true),
+            ("q8_sym", true),
+            ("k_turbo3", true),
+            ("k=turbo3,v=q8", true),
+            ("turbo3_sym", false),
+            ("iso4b_sym", false),
+            ("k=q8,v=rotor3", false),
+            ("k=turbo3+qjl,v=iso3", false),
+        ] {
+            assert_eq!(cfg(codecs, 128).clamps_indices(), clamps, "{codecs}");
+        }
+        // A configuration built by hand outside the validated shapes keeps the clamps.
+        assert!(cfg("turbo3_sym", 40).clamps_indices());
+        let mut odd = cfg("turbo3_sym", 128);
+        odd.workgroup = 32;
+        assert!(odd.clamps_indices());
+    }
+}
