@@ -110,8 +110,9 @@ fn spirv(src: &str, entry: &str, clamp: bool) -> Result<(Vec<u32>, Vec<Binding>)
             image_load: naga::proc::BoundsCheckPolicy::Unchecked,
             binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
         },
-        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Polyfill,
-        // As kvq compiles its kernels: without wgpu's loop bounding (GpuContext::with_shader_checks).
+        // As kvq compiles its kernels: without wgpu's zeroing of workgroup memory and without its
+        // loop bounding (GpuContext::with_shader_checks).
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
         force_loop_bounding: false,
         ..Default::default()
     };

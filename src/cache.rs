@@ -381,7 +381,7 @@ impl KvCache {
                 have: limits.max_compute_workgroup_storage_size as u64,
             });
         }
-        let pipes = Pipelines::new(device, &cfg, ctx.shader_checks())?;
+        let pipes = Pipelines::new(device, &cfg, ctx.shader_checks(), ctx.workgroup_poison())?;
 
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         // A buffer that failed to allocate is invalid: binding it is a validation error, which

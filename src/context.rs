@@ -96,6 +96,7 @@ pub struct GpuContext {
     caps: Capabilities,
     counters: Arc<TransferCounters>,
     shader_checks: bool,
+    workgroup_poison: bool,
 }
 
 /// [`GpuContext::new`] has wgpu refuse (as an out-of-memory error) a buffer that would take
@@ -250,6 +251,7 @@ impl GpuContext {
             caps,
             counters: Arc::new(TransferCounters::default()),
             shader_checks: false,
+            workgroup_poison: false,
         }
     }
 
@@ -266,7 +268,8 @@ impl GpuContext {
     /// with a rotated V codec (turbo, rotor, iso) 7-10 % of its step, one on each level-table
     /// lookup, so its kernels leave them out ([`crate::KernelConfig::clamps_indices`]); for the
     /// other codecs leaving them out measured nothing or a loss, and they stay. On Vulkan the
-    /// driver's own buffer robustness stays on regardless. `true` restores every check, as a
+    /// driver's own buffer robustness stays on regardless. `true` restores every check, and
+    /// wgpu's zeroing of workgroup memory (see [`GpuContext::with_workgroup_poison`]), as a
     /// debugging aid.
     pub fn with_shader_checks(mut self, on: bool) -> GpuContext {
         self.shader_checks = on;
@@ -277,6 +280,27 @@ impl GpuContext {
     /// ([`GpuContext::with_shader_checks`]).
     pub fn shader_checks(&self) -> bool {
         self.shader_checks
+    }
+
+    /// Compiles the kernels of caches created from now on with a prologue that fills the
+    /// workgroup memory each kernel uses with poison (NaN for f32 values, 0xDEADBEEF for u32)
+    /// before anything else runs (`true`); off by default. A testing aid: kvq compiles its
+    /// kernels without wgpu's zero-initialization of workgroup memory (unless
+    /// [`GpuContext::with_shader_checks`] is on), which is sound only because every kernel
+    /// writes each workgroup value before reading it; kvq's GPU tests run poisoned, so a
+    /// kernel that read an unwritten value would give NaN or a wild index and fail them. The
+    /// zeroing runs before each workgroup's first barrier (in naga's version for drivers
+    /// without native zeroing, one invocation stores every array: 690 stores in the `none`
+    /// split kernel).
+    pub fn with_workgroup_poison(mut self, on: bool) -> GpuContext {
+        self.workgroup_poison = on;
+        self
+    }
+
+    /// Whether kernels are compiled with poisoned workgroup memory
+    /// ([`GpuContext::with_workgroup_poison`]).
+    pub fn workgroup_poison(&self) -> bool {
+        self.workgroup_poison
     }
 
     /// Optional accelerations available on this device.

@@ -585,8 +585,8 @@ pub(crate) type Described<'a> = (
 pub(crate) struct Pipelines {
     device: wgpu::Device,
     cfg: KernelConfig,
-    /// wgpu's shader runtime checks the modules are compiled with.
-    checks: wgpu::ShaderRuntimeChecks,
+    /// How the modules are compiled.
+    compile: Compile,
     pub append_store: wgpu::BindGroupLayout,
     pub append_input: wgpu::BindGroupLayout,
     pub decode_store: wgpu::BindGroupLayout,
@@ -715,7 +715,7 @@ impl Pipelines {
                 let src = self.cfg.append_source(input);
                 build(
                     &self.device,
-                    self.checks,
+                    self.compile,
                     "kvq append",
                     src,
                     &self.append_layout,
@@ -738,7 +738,7 @@ impl Pipelines {
                 let src = self.cfg.step_source(input);
                 build(
                     &self.device,
-                    self.checks,
+                    self.compile,
                     "kvq step",
                     src,
                     &self.step_layout,
@@ -749,13 +749,24 @@ impl Pipelines {
             .map_err(Clone::clone)
     }
 
-    /// `all_checks`: compile with every one of wgpu's shader runtime checks
-    /// ([`crate::GpuContext::with_shader_checks`]); otherwise [`runtime_checks`] decides.
-    pub fn new(device: &wgpu::Device, cfg: &KernelConfig, all_checks: bool) -> Result<Pipelines> {
-        let checks = if all_checks {
-            wgpu::ShaderRuntimeChecks::checked()
-        } else {
-            runtime_checks(cfg)
+    /// `all_checks`: compile with every one of wgpu's shader runtime checks and its
+    /// zero-initialization of workgroup memory ([`crate::GpuContext::with_shader_checks`]);
+    /// otherwise [`runtime_checks`] decides, and workgroup memory starts uninitialized.
+    /// `poison`: fill it with poison first ([`crate::GpuContext::with_workgroup_poison`]).
+    pub fn new(
+        device: &wgpu::Device,
+        cfg: &KernelConfig,
+        all_checks: bool,
+        poison: bool,
+    ) -> Result<Pipelines> {
+        let compile = Compile {
+            checks: if all_checks {
+                wgpu::ShaderRuntimeChecks::checked()
+            } else {
+                runtime_checks(cfg)
+            },
+            zero_init: all_checks,
+            poison,
         };
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let append_store = layout(device, APPEND_STORE);
@@ -779,7 +790,7 @@ impl Pipelines {
         }
         let attend = build(
             device,
-            checks,
+            compile,
             "kvq decode",
             cfg.decode_source(),
             &decode_layout,
@@ -788,7 +799,7 @@ impl Pipelines {
         Ok(Pipelines {
             device: device.clone(),
             cfg: cfg.clone(),
-            checks,
+            compile,
             append_layout,
             step_layout,
             attend,
@@ -826,16 +837,38 @@ pub(crate) fn runtime_checks(cfg: &KernelConfig) -> wgpu::ShaderRuntimeChecks {
     }
 }
 
-/// Compiles `src` and one pipeline per entry point, inside a validation error scope, with
-/// `checks` ([`runtime_checks`]).
+/// How kvq compiles a cache's modules.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Compile {
+    /// wgpu's shader runtime checks ([`runtime_checks`]).
+    checks: wgpu::ShaderRuntimeChecks,
+    /// wgpu's zero-initialization of workgroup memory: off unless every check is asked for.
+    /// Every kvq kernel writes each workgroup value before reading it (the tests check this
+    /// with poisoned workgroup memory). The zeroing runs before a workgroup's first barrier:
+    /// naga's version is one invocation storing every array (690 stores in the `none` split
+    /// kernel, 1557 in `turbo3_sym`'s), for drivers without native zeroing. On an H200,
+    /// whose driver zeroes natively, leaving it out measured within ±2 % (BENCHMARKS.md,
+    /// session 10).
+    zero_init: bool,
+    /// Poison workgroup memory at every workgroup's start ([`crate::poison`]).
+    poison: bool,
+}
+
+/// Compiles `src` and one pipeline per entry point, inside a validation error scope, as
+/// `compile` says.
 fn build<const N: usize>(
     device: &wgpu::Device,
-    checks: wgpu::ShaderRuntimeChecks,
+    compile: Compile,
     label: &str,
     src: String,
     layout: &wgpu::PipelineLayout,
     entries: [&str; N],
 ) -> Result<[wgpu::ComputePipeline; N]> {
+    let src = if compile.poison {
+        crate::poison::poison_workgroup_memory(&src)?
+    } else {
+        src
+    };
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(label),
@@ -843,14 +876,17 @@ fn build<const N: usize>(
     };
     // SAFETY: wgpu's contract for the checks left out (see `runtime_checks`): every loop
     // terminates, and no index leaves its array or buffer.
-    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
+    let module = unsafe { device.create_shader_module_trusted(desc, compile.checks) };
     let pipes = entries.map(|ep| {
         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(ep),
             layout: Some(layout),
             module: &module,
             entry_point: Some(ep),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: compile.zero_init,
+                ..Default::default()
+            },
             cache: None,
         })
     });

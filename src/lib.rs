@@ -27,6 +27,7 @@ pub mod error;
 pub mod export;
 pub mod kernels;
 pub mod memory;
+mod poison;
 pub mod reference;
 pub mod spec;
 

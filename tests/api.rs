@@ -294,6 +294,68 @@ fn foreign_device_buffers_are_typed_errors() {
     assert!(out.iter().all(|x| x.is_finite()));
 }
 
+/// Append, fused step and attend on `gpu` for `codecs`: (the step's output, then attend's).
+fn step_then_attend(gpu: &kvq::GpuContext, codecs: KvCodecs) -> (Vec<f32>, Vec<f32>) {
+    let spec = CacheSpec::new(1, 4, 2, 64, 100)
+        .with_codecs(codecs)
+        .with_splits(3);
+    let mut cache = KvCache::new(gpu, spec).unwrap();
+    let mut rng = Rng(29);
+    let n = 90;
+    cache
+        .append_host(
+            0,
+            &rng.normals(n * 2 * 64, 1.0),
+            &rng.normals(n * 2 * 64, 1.0),
+        )
+        .unwrap();
+    let dev = &gpu.device;
+    let buf = |data: &[f32]| {
+        let b = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (data.len() * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(data));
+        b
+    };
+    let (k, v) = (
+        buf(&rng.normals(2 * 64, 1.0)),
+        buf(&rng.normals(2 * 64, 1.0)),
+    );
+    let q = rng.normals(4 * 64, 2.0);
+    let (qb, ob) = (buf(&q), buf(&[f32::NAN; 4 * 64]));
+    let io = cache.step_io(&k, &v, 1, InputType::F32, &qb, &ob).unwrap();
+    let mut enc = dev.create_command_encoder(&Default::default());
+    cache.step(&mut enc, 0, &io).unwrap();
+    gpu.queue.submit([enc.finish()]);
+    let stepped = common::read_f32(gpu, &ob, 4 * 64);
+    (stepped, attend_poisoned(&cache, 0, &q))
+}
+
+/// The kernels as users get them (no poisoned workgroup memory, and no zeroing of it) give
+/// what the poisoned kernels of every other test give, for a codec of each family, in the
+/// append, fused-step and attend modules.
+#[test]
+fn unpoisoned_kernels_match_poisoned() {
+    let plain = common::unpoisoned_ctx();
+    assert!(!plain.workgroup_poison() && ctx().workgroup_poison());
+    for name in ["none", "q4_sym", "turbo3_sym"] {
+        let codecs = KvCodecs::parse(name).unwrap();
+        let (s0, a0) = step_then_attend(ctx(), codecs);
+        let (s1, a1) = step_then_attend(&plain, codecs);
+        assert!(s0.iter().chain(&a0).all(|x| x.is_finite()), "{name}");
+        for (got, want) in [(&s1, &s0), (&a1, &a0)] {
+            let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+            let e = rel_err(got, &want);
+            assert!(e <= 1e-6, "{name}: unpoisoned differs by {e:e}");
+        }
+    }
+}
+
 /// A context asking for all of wgpu's shader runtime checks (loop bounding too, which kvq
 /// leaves out by default) builds the same kernels and gets the same attention.
 #[test]

@@ -100,8 +100,16 @@ pub fn private_ctx() -> GpuContext {
     new_ctx()
 }
 
-/// A new context, or a panic that says what the tests need.
+/// A new context, or a panic that says what the tests need. Its kernels run with poisoned
+/// workgroup memory (`GpuContext::with_workgroup_poison`): kvq leaves out wgpu's zeroing of
+/// workgroup memory, so every GPU test also checks that no kernel reads a workgroup value it
+/// has not written. (`unpoisoned_ctx` gives the context as users get it.)
 fn new_ctx() -> GpuContext {
+    unpoisoned_ctx().with_workgroup_poison(true)
+}
+
+/// A new context as `GpuContext::new` gives it, without poisoned workgroup memory.
+pub fn unpoisoned_ctx() -> GpuContext {
     let ctx = GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
     // wgpu's GL backend serialises every call on one context lock and panics after waiting 6 s
     // for it, which the parallel tests' CPU shader compiles exceed (seen with llvmpipe): fail
