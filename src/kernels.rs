@@ -162,6 +162,7 @@ impl KernelConfig {
         h += &c("VW", self.v_width());
         h += &c("VC", self.v_columns());
         h += &c("PV4", self.partial_width() / 4);
+        h += &c("RP", self.reduce_slots());
         h += &format!(
             "const V_VSCALE: bool = {};\n",
             self.v.kind.is_rotated() && self.v.scale == ScaleMode::PerVector
@@ -356,8 +357,16 @@ impl KernelConfig {
                 ("$k", CODE_GROUPS),
                 ("$w", self.v_batch()),
                 ("$r", self.query_values()),
+                ("$p", self.reduce_slots()),
             ],
         )
+    }
+
+    /// Split slots each reduce lane folds per pass (`$p` lines and `RP`): enough for every
+    /// split in one pass, at most 16 (the loads of a pass are all in flight at once).
+    fn reduce_slots(&self) -> u32 {
+        let lanes = 256 / (self.partial_width() / 4);
+        self.splits_total().div_ceil(lanes).clamp(1, 16)
     }
 
     /// Query values each decode invocation loads for a rotated K (`$r` lines): the G

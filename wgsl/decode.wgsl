@@ -296,21 +296,30 @@ const RED_WG: u32 = 256u;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
 const RC: u32 = PV4;
 const RL: u32 = RED_WG / RC;
+// Each lane folds RP = min(ceil(SPLITS_TOTAL / RL), 16) split slots per pass, so one pass
+// usually covers every split with few slots past the last.
 var<workgroup> lane_ml: array<vec2<f32>, RL>;
 var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 
 // Dispatch (QH, B, 1): merges the partials of one query head into out[b, qh, :].
-// Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule, so
-// all its loads are independent and there is no separate pass for the global max. 256
-// threads with 2 VU loads in flight each take 16 RL partials per round trip to memory (the 65
-// of a 64-split grid at one at D = 128): the reduce's work, not its launch, cost a layer
-// 5-9 us on the H200 with three (BENCHMARKS, session 4).
+// Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
+// issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
+// is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
+// (about 2.5 us of an H200 layer, measured against a reduce that returns at once); loading
+// the output vectors beside the (max, sum) pairs, not after them, and the old length at the
+// start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, session 10).
 @compute @workgroup_size(RED_WG)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.
     load_diag(lid, RED_WG, false, true);
     let qh = wid.x;
     let b = wid.y;
+    // The committing invocation reads the length now, beside the partials.
+    let commits = qh == 0u && lid == 0u;
+    var old_len = 0u;
+    if commits {
+        old_len = committed_len(b);
+    }
     let base = (b * QH + qh) * SPLITS_TOTAL;
     let c = lid % RC;
     let r = lid / RC;
@@ -318,44 +327,44 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     var l = 0.0;
     var o = vec4<f32>(0.0);
     if r < RL {
-        for (var s = r; s < SPLITS_TOTAL; s += 2u * VU * RL) {
-            // Splits s + v RL and s + (VU + v) RL. Past the last split the index is clamped
-            // and the weight forced to zero.
-            let s$v = min(s + $v * RL, SPLITS_TOTAL - 1u);
-            let t$v = min(s + (VU + $v) * RL, SPLITS_TOTAL - 1u);
-            let ml$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + s$v], s + $v * RL < SPLITS_TOTAL);
-            let a$v = select(vec4<f32>(0.0), part[(base + s$v) * PV4 + c], s + $v * RL < SPLITS_TOTAL);
-            let nl$v = select(vec4<f32>(NEG, 0.0, 0.0, 0.0), part[PART_ML + base + t$v], s + (VU + $v) * RL < SPLITS_TOTAL);
-            let b$v = select(vec4<f32>(0.0), part[(base + t$v) * PV4 + c], s + (VU + $v) * RL < SPLITS_TOTAL);
-            // Expanded lines run one after another: take the batch max, rescale once, then add.
+        for (var s = r; s < SPLITS_TOTAL; s += RP * RL) {
+            // Slot p: split s + p RL, or (past the last split) the last split at weight 0.
+            let s$p = min(s + $p * RL, SPLITS_TOTAL - 1u);
+            let ml$p = part[PART_ML + base + s$p];
+            let a$p = part[(base + s$p) * PV4 + c];
+            // Expanded lines run one after another: take the pass max, rescale once, then add.
             var mb = m;
-            mb = max(mb, ml$v.x);
-            mb = max(mb, nl$v.x);
+            mb = max(mb, ml$p.x);
             let f = exp(m - mb);
             o *= f;
             l *= f;
-            o += a$v * exp(ml$v.x - mb);
-            l += ml$v.y * exp(ml$v.x - mb);
-            o += b$v * exp(nl$v.x - mb);
-            l += nl$v.y * exp(nl$v.x - mb);
+            let w$p = select(0.0, exp(ml$p.x - mb), s + $p * RL < SPLITS_TOTAL);
+            o += a$p * w$p;
+            l += ml$p.y * w$p;
             m = mb;
         }
-        if c == 0u {
-            lane_ml[r] = vec2<f32>(m, l);
-        }
-        lane_acc[lid] = o;
     }
-    workgroupBarrier();
-    if r == 0u {
-        for (var k = 1u; k < RL; k++) {
-            let ml = lane_ml[k];
+    // Tree merge of the RL lanes into lane 0: at each level lane r < w takes lane r + w.
+    var w = 1u;
+    for (; 2u * w < RL; w *= 2u) {}
+    for (; w > 0u; w /= 2u) {
+        if r < RL && r >= w && r < 2u * w {
+            if c == 0u {
+                lane_ml[r] = vec2<f32>(m, l);
+            }
+            lane_acc[lid] = o;
+        }
+        workgroupBarrier();
+        if r < w && r + w < RL {
+            let ml = lane_ml[r + w];
             let mn = max(m, ml.x);
             let f = exp(m - mn);
-            let w = exp(ml.x - mn);
-            o = o * f + lane_acc[k * RC + c] * w;
-            l = l * f + ml.y * w;
+            let g = exp(ml.x - mn);
+            o = o * f + lane_acc[lid + w * RC] * g;
+            l = l * f + ml.y * g;
             m = mn;
         }
+        workgroupBarrier();
     }
     // An empty sequence has l = 0: its output is defined as zeros.
     let y = o * select(0.0, 1.0 / l, l > 0.0);
@@ -379,7 +388,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         out[p + 4u * c + 2u] = y.z;
         out[p + 4u * c + 3u] = y.w;
     }
-    if qh == 0u && lid == 0u {
-        commit_step(b);
+    if commits {
+        commit_step(b, old_len);
     }
 }

@@ -57,10 +57,14 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
     }
 }
 
-// Called by one invocation per sequence after every split has read the old length.
-fn commit_step(b: u32) {
+// The length commit_step advances (read by the reduce before it folds the partials).
+fn committed_len(b: u32) -> u32 {
+    return lens[len_index(seg.layer, b)];
+}
+
+// Called by one invocation per sequence after every split has read the old length `len`.
+fn commit_step(b: u32, len: u32) {
     let li = len_index(seg.layer, b);
-    let len = lens[li];
     if fits(len, input.n) {
         lens[li] = len + input.n;
     } else {
