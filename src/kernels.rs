@@ -123,6 +123,7 @@ impl KernelConfig {
         h += &c("KU", k_unroll(self.head_dim));
         h += &c("VU", V_UNROLL);
         h += &c("VB", self.v_batch());
+        h += &c("VBF", self.v_batch_full());
         h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
         let cst = self.constant_offsets();
         for (side, codec, off) in [("K", self.k, cst.k), ("V", self.v, cst.v)] {
@@ -342,7 +343,27 @@ impl KernelConfig {
         }
     }
 
-    /// V rows a decode thread loads together (`$w` lines): 32 values in flight per thread.
+    /// V rows a decode thread loads together in a full tile (`$x` lines, `VBF`): 16 (64
+    /// values) for an f16 or q8 V beside a K without QJL, else [`Self::v_batch`] (no separate
+    /// full-tile loop). On an H200 (qwen3-8b, 32k) twice the rows in flight took `none`,
+    /// `k_q8`, `q8_sym` and the turbo and iso K-only codecs 4-11 % faster, but the rotor K+V
+    /// codecs 3-6 %, `q4_sym` 2 % and the QJL K 10 % slower (BENCHMARKS.md, session 10). A
+    /// partial tile (short contexts, whose splits hold less than a tile) keeps the smaller
+    /// batch, which measured better there.
+    fn v_batch_full(&self) -> u32 {
+        let f16_or_q8 = match self.v.kind {
+            CodecKind::None => true,
+            CodecKind::Sym => self.v.bits == 8,
+            _ => false,
+        };
+        if f16_or_q8 && !self.k.qjl {
+            64 / self.v_width()
+        } else {
+            self.v_batch()
+        }
+    }
+
+    /// V rows a decode thread loads together (`$w` lines, `VB`): 32 values in flight.
     fn v_batch(&self) -> u32 {
         32 / self.v_width()
     }
@@ -356,6 +377,7 @@ impl KernelConfig {
                 ("$v", V_UNROLL),
                 ("$k", CODE_GROUPS),
                 ("$w", self.v_batch()),
+                ("$x", self.v_batch_full()),
                 ("$r", self.query_values()),
                 ("$p", self.reduce_slots()),
             ],
@@ -541,9 +563,16 @@ pub fn gpu_supported(codec: Codec) -> bool {
     codec.validate().is_ok() && codec.bits > 0
 }
 
-/// K chunks (16 bytes each) one thread loads together before using them (`$u` lines).
+/// f16 K chunks (16 bytes each) one thread loads together before using them (`$u` lines):
+/// 8 (half a D = 128 row; 4 measured 1 % slower on an H200, BENCHMARKS.md session 10) where
+/// that divides the row's D / 8 chunks, else 4 (D is a multiple of 32).
 pub(crate) fn k_unroll(head_dim: u32) -> u32 {
-    (head_dim / 8).min(4)
+    let chunks = head_dim / 8;
+    if chunks.is_multiple_of(8) {
+        8
+    } else {
+        chunks.min(4)
+    }
 }
 
 /// V rows one thread loads together before using them (`$v` lines).
@@ -909,7 +938,7 @@ fn build<const N: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::KernelConfig;
+    use super::{KernelConfig, k_unroll};
     use crate::KvCodecs;
 
     fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
@@ -929,6 +958,19 @@ mod tests {
             workgroup: 128,
             k: c.k,
             v: c.v,
+        }
+    }
+
+    #[test]
+    fn k_unroll_divides_every_row() {
+        // The f16 K reader loads KU chunks per pass over D / 8: a KU that did not divide it
+        // would read past the row (D = 96 with KU = 8 did, caught by the GPU tests).
+        for d in (32u32..=256).step_by(32) {
+            let ku = k_unroll(d);
+            assert!(
+                ku > 0 && (d / 8).is_multiple_of(ku),
+                "head_dim {d}: KU {ku}"
+            );
         }
     }
 

@@ -235,6 +235,16 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             // VB independent row loads in flight per batch (32 values per thread): a lone load per
             // token would leave the loop waiting on memory latency once per token.
             var i = j;
+            // A full tile takes VBF rows at a time where that is faster (KernelConfig's
+            // v_batch_full): more loads in flight per invocation for the long contexts.
+            if VBF > VB && tn == WG {
+                for (; i + (VBF - 1u) * J < tn; i += VBF * J) {
+                    let v$x = v_load(row0 + run_slot(t0 + i + $x * J, runs), c);
+                    let p$g$x = p_sh[(i + $x * J) * GP + $g / 4u][$g % 4u];
+                    acc$g += p$g$x * v$x[0];
+                    if VW == 8u { acc2$g += p$g$x * v$x[1]; }
+                }
+            }
             for (; i + (VB - 1u) * J < tn; i += VB * J) {
                 let v$w = v_load(row0 + run_slot(t0 + i + $w * J, runs), c);
                 let p$g$w = p_sh[(i + $w * J) * GP + $g / 4u][$g % 4u];
