@@ -309,19 +309,7 @@ fn step_then_attend(gpu: &kvq::GpuContext, codecs: KvCodecs) -> (Vec<f32>, Vec<f
             &rng.normals(n * 2 * 64, 1.0),
         )
         .unwrap();
-    let dev = &gpu.device;
-    let buf = |data: &[f32]| {
-        let b = dev.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: (data.len() * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(data));
-        b
-    };
+    let buf = |data: &[f32]| common::storage_buffer(gpu, data);
     let (k, v) = (
         buf(&rng.normals(2 * 64, 1.0)),
         buf(&rng.normals(2 * 64, 1.0)),
@@ -329,7 +317,7 @@ fn step_then_attend(gpu: &kvq::GpuContext, codecs: KvCodecs) -> (Vec<f32>, Vec<f
     let q = rng.normals(4 * 64, 2.0);
     let (qb, ob) = (buf(&q), buf(&[f32::NAN; 4 * 64]));
     let io = cache.step_io(&k, &v, 1, InputType::F32, &qb, &ob).unwrap();
-    let mut enc = dev.create_command_encoder(&Default::default());
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.step(&mut enc, 0, &io).unwrap();
     gpu.queue.submit([enc.finish()]);
     let stepped = common::read_f32(gpu, &ob, 4 * 64);

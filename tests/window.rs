@@ -65,18 +65,7 @@ impl Ring {
         let (k, v) = self.tokens(layer, n);
         let qn = (s.batch * s.q_heads * s.head_dim) as usize;
         let q = self.rng.normals(qn, 1.5);
-        let mk = |data: &[f32]| {
-            let b = dev.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size: (data.len() * 4) as u64,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            ctx().queue.write_buffer(&b, 0, bytemuck::cast_slice(data));
-            b
-        };
+        let mk = |data: &[f32]| common::storage_buffer(ctx(), data);
         let (kb, vb, qb, ob) = (mk(&k), mk(&v), mk(&q), mk(&vec![f32::NAN; qn]));
         let io = self
             .cache

@@ -125,6 +125,20 @@ pub fn unpoisoned_ctx() -> GpuContext {
     ctx
 }
 
+/// A storage buffer of `ctx`'s device holding `data` (also a copy source and destination).
+pub fn storage_buffer(ctx: &GpuContext, data: &[f32]) -> wgpu::Buffer {
+    let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: (data.len() * 4) as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    ctx.queue.write_buffer(&b, 0, bytemuck::cast_slice(data));
+    b
+}
+
 /// Reads `n` f32 values from the start of a COPY_SRC buffer of `ctx`'s device.
 pub fn read_f32(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
     let rb = ctx.device.create_buffer(&wgpu::BufferDescriptor {
