@@ -1,15 +1,13 @@
 //! Poisoned workgroup memory: a check that no kernel reads workgroup memory it has not written.
 //!
 //! kvq compiles its kernels without wgpu's zero-initialization of workgroup memory (it runs
-//! before every workgroup's first barrier, see [`crate::GpuContext::with_workgroup_poison`]). That is only sound if every kernel writes
-//! each workgroup value before reading it. With poisoning on, every entry point first fills
-//! the workgroup variables it uses with NaN (f32) or 0xDEADBEEF (u32), so a kernel that read an
-//! unwritten value would give NaN or a wild index, and the tests, which run poisoned, would
-//! see it.
+//! before every workgroup's first barrier, see [`crate::GpuContext::with_workgroup_poison`]).
+//! That is only sound if every kernel writes each workgroup value before reading it. With
+//! poisoning on, every entry point first fills the workgroup variables it uses with NaN (f32)
+//! or 0xDEADBEEF (u32), so a kernel that read an unwritten value would give NaN or a wild
+//! index, and the tests, which run poisoned, would see it.
 
-use naga::{
-    AddressSpace, ArraySize, Binding, BuiltIn, Handle, Scalar, ScalarKind, Type, TypeInner,
-};
+use naga::{AddressSpace, ArraySize, Binding, BuiltIn, Handle, ScalarKind, Type, TypeInner};
 
 use crate::error::{KvqError, Result};
 
@@ -22,27 +20,23 @@ fn err(what: String) -> KvqError {
     KvqError::Gpu(format!("poisoning workgroup memory: {what}"))
 }
 
-/// WGSL for the poison value of a scalar or vector type, or None for other types.
+/// WGSL for the poison value of an f32 or u32 scalar or vector (the element types of kvq's
+/// workgroup variables), or None for other types.
 fn poison_value(types: &naga::UniqueArena<Type>, ty: Handle<Type>) -> Option<String> {
-    let scalar = |s: Scalar| match (s.kind, s.width) {
-        (ScalarKind::Float, 4) => Some(format!("bitcast<f32>({NAN_BITS})")),
-        (ScalarKind::Uint, 4) => Some(U32_POISON.to_string()),
-        (ScalarKind::Sint, 4) => Some(format!("bitcast<i32>({U32_POISON})")),
-        _ => None,
+    let (size, s) = match types[ty].inner {
+        TypeInner::Scalar(s) => (None, s),
+        TypeInner::Vector { size, scalar } => (Some(size as u32), scalar),
+        _ => return None,
     };
-    match types[ty].inner {
-        TypeInner::Scalar(s) => scalar(s),
-        TypeInner::Vector { size, scalar: s } => {
-            let t = match s.kind {
-                ScalarKind::Float => "f32",
-                ScalarKind::Uint => "u32",
-                ScalarKind::Sint => "i32",
-                _ => return None,
-            };
-            Some(format!("vec{}<{t}>({})", size as u32, scalar(s)?))
-        }
-        _ => None,
-    }
+    let (t, v) = match (s.kind, s.width) {
+        (ScalarKind::Float, 4) => ("f32", format!("bitcast<f32>({NAN_BITS})")),
+        (ScalarKind::Uint, 4) => ("u32", U32_POISON.to_string()),
+        _ => return None,
+    };
+    Some(match size {
+        Some(n) => format!("vec{n}<{t}>({v})"),
+        None => v,
+    })
 }
 
 /// `src` with a prologue at the start of every entry point that fills each workgroup

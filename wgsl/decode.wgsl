@@ -232,11 +232,11 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if j < J {
             acc$g *= alpha$g;
             acc2$g *= alpha$g;
-            // VB independent row loads in flight per batch (32 values per thread): a lone load per
-            // token would leave the loop waiting on memory latency once per token.
+            // Rows are loaded in batches, all of a batch before any math: a lone load per token
+            // would leave the loop waiting on memory latency once per token. A full tile takes
+            // VBF rows a batch where that is faster (KernelConfig::v_batch_full: more loads in
+            // flight for the long contexts), then VB (32 values per invocation), then one.
             var i = j;
-            // A full tile takes VBF rows at a time where that is faster (KernelConfig's
-            // v_batch_full): more loads in flight per invocation for the long contexts.
             if VBF > VB && tn == WG {
                 for (; i + (VBF - 1u) * J < tn; i += VBF * J) {
                     let v$x = v_load(row0 + run_slot(t0 + i + $x * J, runs), c);
