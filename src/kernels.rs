@@ -391,14 +391,16 @@ impl KernelConfig {
         self.splits_total().div_ceil(lanes).clamp(1, 16)
     }
 
-    /// Query values each decode invocation loads for a rotated K (`$r` lines): the G
-    /// padded rows of `rot_sh` over the workgroup.
+    /// Query tasks each decode invocation loads (and rotates) for a rotated K (`$r` lines):
+    /// per head of the group, a rotor's groups of 3 coordinates, else the vec4s of its padded
+    /// `rot_sh` row (wgsl/decode.wgsl, `query_task`).
     fn query_values(&self) -> u32 {
-        if self.k.kind.is_rotated() {
-            (self.gqa * self.rot_width()).div_ceil(self.workgroup)
-        } else {
-            1
-        }
+        let tasks = match self.k.kind {
+            CodecKind::Rotor if !self.k.qjl => self.head_dim.div_ceil(3),
+            k if k.is_rotated() => self.rot_width() / 4,
+            _ => return 1,
+        };
+        (self.gqa * tasks).div_ceil(self.workgroup)
     }
 
     /// Floats of turbo's diagonal kept in workgroup memory (`diag_sh`): D per turbo side, 1

@@ -47,32 +47,73 @@ var<workgroup> len_sh: u32;
 // dynamically (a dynamically indexed private array would spill to memory on most GPUs).
 var<private> sc$g: f32;
 
-// A turbo K without QJL scales the query by turbo's diagonal as it loads it.
+// A rotated K without QJL rotates its query as it loads it, but for turbo's Walsh–Hadamard
+// transform, which needs the whole row (rotate_query); with QJL the projection S q needs the
+// unrotated query first.
 const TURBO_Q: bool = K_KIND == 2u && !K_QJL;
+const ROTOR_Q: bool = K_KIND == 3u && !K_QJL;
+// The query in tasks, QT per head: a rotor group of 3 coordinates (ROTOR_Q), else a vec4 of
+// rot_sh (4 coordinates, an iso group).
+const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
 
-// A rotated K's query values of this invocation (element lid + r WG of rot_sh rows 0..G),
-// loaded at kernel start beside the length so the rotation waits on no global memory.
-var<private> qv$r: f32;
+// A rotated K's query tasks of this invocation (lid + r WG), loaded and rotated at kernel
+// start (their loads beside the length's and the tables') and kept in registers until
+// rotate_query writes them to rot_sh, once split 0 has encoded its new rows there. Loading
+// iso's and rotor's coefficients in a rotation pass after the barrier cost about 2 us a layer
+// on an H200 (BENCHMARKS.md, session 11).
+var<private> qv$r: vec4<f32>;
 
-// Element i of the scaled query rows as rotate_query lays them out in rot_sh (0 for padding).
-fn query_value(b: u32, h: u32, i: u32) -> f32 {
-    let k = i % RW;
-    if i >= G * RW || k >= D {
+// Coordinate k of query head i of the group, scaled (0 past D).
+fn query_coord(b: u32, h: u32, i: u32, k: u32) -> f32 {
+    if k >= D {
         return 0.0;
     }
-    var x = q_in[(b * QH + h * G + i / RW) * D + k] * SCALE;
-    if TURBO_Q {
-        // turbo's diagonal, applied as the query is loaded
-        x *= cst(K_ROT + k) * inverseSqrt(f32(hblock_len(k)));
-    }
-    return x;
+    return q_in[(b * QH + h * G + i) * D + k] * SCALE;
 }
 
-// The scaled query of the group's heads (qv, loaded at kernel start) into rot_sh rows
-// 0..G, the QJL projection S q of each (from the unrotated query), then the K codec's
-// rotation, in place.
+// Query task t (see QT; zeros past the last): a rotor group rotated (xyz), or rot_sh vec4 t
+// with turbo's diagonal or iso's group matrix applied (neither with QJL).
+fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
+    if t >= G * QT {
+        return vec4<f32>(0.0);
+    }
+    let i = t / QT;
+    let g = t % QT;
+    if ROTOR_Q {
+        let x = vec3<f32>(query_coord(b, h, i, 3u * g), query_coord(b, h, i, 3u * g + 1u), query_coord(b, h, i, 3u * g + 2u));
+        let m = mat3x3<f32>(coef_const(3u, K_ROT, 3u * g).xyz, coef_const(3u, K_ROT, 3u * g + 1u).xyz, coef_const(3u, K_ROT, 3u * g + 2u).xyz);
+        // The columns hold M's rows: x * m = M x.
+        return vec4<f32>(x * m, 0.0);
+    }
+    let k = 4u * g;
+    let x = vec4<f32>(query_coord(b, h, i, k), query_coord(b, h, i, k + 1u), query_coord(b, h, i, k + 2u), query_coord(b, h, i, k + 3u));
+    if k >= D || K_QJL {
+        return x;
+    }
+    if K_KIND == 2u {
+        return x * coef_const(2u, K_ROT, g);
+    }
+    let m = mat4x4<f32>(coef_const(4u, K_ROT, 4u * g), coef_const(4u, K_ROT, 4u * g + 1u), coef_const(4u, K_ROT, 4u * g + 2u), coef_const(4u, K_ROT, 4u * g + 3u));
+    // As in iso_rotate: x * m = M x.
+    return x * m;
+}
+
+// The group's query (qv, loaded at kernel start) into rot_sh rows 0..G, then the QJL
+// projection S q of each head (from the unrotated query) and the K codec's rotation, in
+// place, or turbo's Walsh–Hadamard transform (iso and rotor without QJL are done).
 fn rotate_query(lid: u32, b: u32, h: u32) {
-    if lid + $ru * WG < G * RW { rs_set(lid + $ru * WG, qv$r); }
+    if ROTOR_Q {
+        // 3 coordinates a task; the padding past the last group stays 0.
+        for (var i = lid; i < G * RW; i += WG) {
+            if i % RW >= 3u * QT { rs_set(i, 0.0); }
+        }
+        // (Each `$r` line is repeated on its own.)
+        let t$r = lid + $ru * WG;
+        let at$r = (t$r / QT) * RW + 3u * (t$r % QT);
+        if t$r < G * QT { rs_set(at$r, qv$r.x); rs_set(at$r + 1u, qv$r.y); rs_set(at$r + 2u, qv$r.z); }
+    } else {
+        if lid + $ru * WG < G * QT { rot_sh[lid + $ru * WG] = qv$r; }
+    }
     workgroupBarrier();
     if K_QJL {
         // One pass over S (stored transposed: neighbouring j, neighbouring words) serves
@@ -90,7 +131,7 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
     }
     if TURBO_Q {
         fwht(G, lid, WG);
-    } else {
+    } else if K_QJL {
         rotate_rows(K_KIND, K_ROT, G, lid, WG, false);
     }
 }
@@ -122,12 +163,12 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
         }
     } else {
-        qv$r = query_value(b, h, lid + $ru * WG);
+        qv$r = query_task(b, h, lid + $ru * WG);
     }
     k_load_levels(lid);
     v_load_levels(lid);
     // Split 0 encodes the new rows (both sides); the query's rotation needs K's diagonal
-    // only when a QJL K keeps it out of the query load (query_value).
+    // only when a QJL K keeps it out of the query load (query_task).
     load_diag(lid, WG, s == 0u || K_QJL, s == 0u);
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
@@ -303,6 +344,10 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 }
 
 const RED_WG: u32 = 256u;
+// A rotor or iso V is un-rotated by group (VGROUPS of VGW coordinates), one invocation each.
+const V_GROUPED: bool = V_KIND == 3u || V_KIND == 4u;
+const VGW: u32 = select(4u, 3u, V_KIND == 3u);
+const VGROUPS: u32 = (D + VGW - 1u) / VGW;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
 const RC: u32 = PV4;
 const RL: u32 = RED_WG / RC;
@@ -322,6 +367,21 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.
     load_diag(lid, RED_WG, false, true);
+    // A rotor or iso V: this invocation's group matrix (rows u0..u2 or u0..u3) for the
+    // un-rotation, loaded now beside the partials (after the merge it would cost a round trip
+    // to memory).
+    var u0 = vec4<f32>(0.0);
+    var u1 = vec4<f32>(0.0);
+    var u2 = vec4<f32>(0.0);
+    var u3 = vec4<f32>(0.0);
+    if V_GROUPED && lid < VGROUPS {
+        u0 = coef_const(V_KIND, V_ROT, VGW * lid);
+        u1 = coef_const(V_KIND, V_ROT, VGW * lid + 1u);
+        u2 = coef_const(V_KIND, V_ROT, VGW * lid + 2u);
+        if VGW == 4u {
+            u3 = coef_const(V_KIND, V_ROT, VGW * lid + 3u);
+        }
+    }
     let qh = wid.x;
     let b = wid.y;
     // The committing invocation reads the length now, beside the partials.
@@ -388,9 +448,22 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             rs_set(4u * c + 3u, y.w);
         }
         workgroupBarrier();
-        rotate_rows(V_KIND, V_ROT, 1u, lid, RED_WG, true);
-        for (var i = lid; i < D; i += RED_WG) {
-            out[p + i] = rs_get(i);
+        if V_GROUPED {
+            // x = M^T y per group: the group's rows weighted by y.
+            if lid < VGROUPS {
+                let k = VGW * lid;
+                let x = u0 * rs_get(k) + u1 * rs_get(k + 1u) + u2 * rs_get(k + 2u) + u3 * select(0.0, rs_get(k + 3u), VGW == 4u);
+                for (var e = 0u; e < VGW; e++) {
+                    if k + e < D {
+                        out[p + k + e] = x[e];
+                    }
+                }
+            }
+        } else {
+            rotate_rows(V_KIND, V_ROT, 1u, lid, RED_WG, true);
+            for (var i = lid; i < D; i += RED_WG) {
+                out[p + i] = rs_get(i);
+            }
         }
     } else if r == 0u {
         out[p + 4u * c] = y.x;

@@ -25,6 +25,9 @@ fn cst(i: u32) -> f32 {
 // Length of the Walsh–Hadamard block holding coordinate i (blocks of D's binary
 // decomposition, largest first: 96 = 64 + 32).
 fn hblock_len(i: u32) -> u32 {
+    if (D & (D - 1u)) == 0u {
+        return D;
+    }
     var start = 0u;
     for (var len = 256u; len >= 32u; len /= 2u) {
         if (D & len) != 0u {
@@ -75,11 +78,16 @@ fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
 
 // In-place unnormalised Walsh–Hadamard butterflies on every Hadamard block of `rows` rows,
 // one stage per barrier; a pair is skipped when its block is no longer than the stride.
+// Pair q of stage 2^lh is (i, i + 2^lh), i being q with its bits from lh up moved up one:
+// shifts, since the compiler does not unroll this loop (q / h, h being the loop's value,
+// compiled to a full integer division, 47 instructions, in every stage: H200 SASS). That
+// took 2-3 us a layer off turbo's decode (BENCHMARKS.md, session 11).
 fn fwht(rows: u32, lid: u32, nt: u32) {
-    for (var h = 1u; h < D; h *= 2u) {
+    for (var lh = 0u; (1u << lh) < D; lh++) {
+        let h = 1u << lh;
         for (var p = lid; p < rows * (D / 2u); p += nt) {
             let q = p % (D / 2u);
-            let i = (q / h) * 2u * h + q % h;
+            let i = ((q >> lh) << (lh + 1u)) | (q & (h - 1u));
             if hblock_len(i) > h {
                 let at = (p / (D / 2u)) * RW + i;
                 let a = rs_get(at);
@@ -102,6 +110,24 @@ fn turbo_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     if inverse {
         turbo_scale(rot, rows, lid, nt);
     }
+}
+
+// Coefficient vec4 j of a side's rotation (codec kind `kind`, constants from `rot`): turbo's
+// diagonal, sign / sqrt(length of the coordinate's Hadamard block), 4 coordinates per vec4;
+// rotor's 3x3 matrix per group of 3 coordinates, its rows (one vec4 each, w unused); iso's
+// 4x4 matrix per group of 4, its rows. For the rotations fused into a kernel's first loads
+// (the decode's query, the reduce's output).
+fn coef_const(kind: u32, rot: u32, j: u32) -> vec4<f32> {
+    if kind == 3u {
+        let m = rot + 9u * (j / 3u) + 3u * (j % 3u);
+        return vec4<f32>(cst(m), cst(m + 1u), cst(m + 2u), 0.0);
+    }
+    let m = rot + 4u * j;
+    let c = vec4<f32>(cst(m), cst(m + 1u), cst(m + 2u), cst(m + 3u));
+    if kind == 2u {
+        return c * inverseSqrt(f32(hblock_len(4u * j)));
+    }
+    return c;
 }
 
 // Rotor: a 3x3 matrix M per group of 3 coordinates (row-major, 9 values per group at
