@@ -376,12 +376,23 @@ impl KernelConfig {
                 ("$u", k_unroll(self.head_dim)),
                 ("$v", V_UNROLL),
                 ("$k", CODE_GROUPS),
+                ("$t", self.k_tail_groups()),
                 ("$w", self.v_batch()),
                 ("$x", self.v_batch_full()),
                 ("$r", self.query_values()),
                 ("$p", self.reduce_slots()),
             ],
         )
+    }
+
+    /// Groups of 4 codes in a rotated K's short last block of 32 (`$t` lines): rotor's
+    /// n_codes is not a multiple of 32.
+    fn k_tail_groups(&self) -> u32 {
+        if self.k.kind.is_rotated() {
+            (n_codes(self.k, self.head_dim) % 32).div_ceil(4)
+        } else {
+            0
+        }
     }
 
     /// Split slots each reduce lane folds per pass (`$p` lines and `RP`): enough for every

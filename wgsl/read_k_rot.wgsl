@@ -19,6 +19,24 @@ fn k_half(base: u32, bit: u32) -> f32 {
     return unpack2x16float(k_store[base + (bit / 32u) * KB])[(bit / 16u) % 2u];
 }
 
+// The K_BITS code words of block j (32 codes) of the row whose first word is `base`. A short
+// last block (rotor) re-reads its last word: the codes past K_NC meet zeros in the padded
+// query.
+fn k_block_words(base: u32, j: u32) -> vec4<u32> {
+    var w = vec4<u32>(0u);
+    w.x = k_store[base + min(K_BITS * j, K_CODE_WORDS - 1u) * KB];
+    if K_BITS > 1u {
+        w.y = k_store[base + min(K_BITS * j + 1u, K_CODE_WORDS - 1u) * KB];
+    }
+    if K_BITS > 2u {
+        w.z = k_store[base + min(K_BITS * j + 2u, K_CODE_WORDS - 1u) * KB];
+    }
+    if K_BITS > 3u {
+        w.w = k_store[base + min(K_BITS * j + 3u, K_CODE_WORDS - 1u) * KB];
+    }
+    return w;
+}
+
 fn k_scores(row: u32) {
     let base = (row - row % KB) * K_WORDS + row % KB;
     let mask = vec4<u32>((1u << K_BITS) - 1u);
@@ -26,29 +44,32 @@ fn k_scores(row: u32) {
     var s = k_half(base, K_SIDE_BIT);
     // Squared norm of the row (QJL with per-block scales).
     var nn = 0.0;
-    for (var j = 0u; j < (K_NC + 31u) / 32u; j++) {
+    for (var j = 0u; j < K_NC / 32u; j++) {
         if K_BLOCK32 {
             s = k_half(base, K_SIDE_BIT + 16u * j);
-            nn += f32(min(32u, K_NC - 32u * j)) * s * s;
+            nn += 32.0 * s * s;
         }
-        // A short last block (rotor) re-reads its last word: the codes past K_NC meet zeros
-        // in the padded query.
-        var w = vec4<u32>(0u);
-        w.x = k_store[base + min(K_BITS * j, K_CODE_WORDS - 1u) * KB];
-        if K_BITS > 1u {
-            w.y = k_store[base + min(K_BITS * j + 1u, K_CODE_WORDS - 1u) * KB];
-        }
-        if K_BITS > 2u {
-            w.z = k_store[base + min(K_BITS * j + 2u, K_CODE_WORDS - 1u) * KB];
-        }
-        if K_BITS > 3u {
-            w.w = k_store[base + min(K_BITS * j + 3u, K_CODE_WORDS - 1u) * KB];
-        }
+        let w = k_block_words(base, j);
         let c$k = (vec4<u32>(k_field(w, 4u * $ku * K_BITS)) >> shifts) & mask;
         let l$k = vec4<f32>(lv_k[c$k.x], lv_k[c$k.y], lv_k[c$k.z], lv_k[c$k.w]);
         var part$g = 0.0;
         part$g = fma4(part$g, rot_sh[$g * (RW / 4u) + 8u * j + $k], l$k);
         sc$g += s * part$g;
+    }
+    // A short last block (rotor: 129 codes at D = 128) decodes only its groups of 4 codes
+    // (`$t` lines), not 8: a whole block's work for its one code was a fifth of the K phase.
+    if K_NC % 32u != 0u {
+        let j = K_NC / 32u;
+        if K_BLOCK32 {
+            s = k_half(base, K_SIDE_BIT + 16u * j);
+            nn += f32(K_NC - 32u * j) * s * s;
+        }
+        let w = k_block_words(base, j);
+        let c$t = (vec4<u32>(k_field(w, 4u * $tu * K_BITS)) >> shifts) & mask;
+        let l$t = vec4<f32>(lv_k[c$t.x], lv_k[c$t.y], lv_k[c$t.z], lv_k[c$t.w]);
+        var pt$g = 0.0;
+        pt$g = fma4(pt$g, rot_sh[$g * (RW / 4u) + 8u * j + $t], l$t);
+        sc$g += s * pt$g;
     }
     if K_QJL {
         // n sqrt(pi/2) / m ||r|| sum_j (S q)_j (+-1)_j, with m = D sign bits.
