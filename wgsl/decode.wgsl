@@ -452,7 +452,11 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             // x = M^T y per group: the group's rows weighted by y.
             if lid < VGROUPS {
                 let k = VGW * lid;
-                let x = u0 * rs_get(k) + u1 * rs_get(k + 1u) + u2 * rs_get(k + 2u) + u3 * select(0.0, rs_get(k + 3u), VGW == 4u);
+                var x = u0 * rs_get(k) + u1 * rs_get(k + 1u) + u2 * rs_get(k + 2u);
+                // (Not a select: it would read rot_sh past its end for rotor's last group.)
+                if VGW == 4u {
+                    x += u3 * rs_get(k + 3u);
+                }
                 for (var e = 0u; e < VGW; e++) {
                     if k + e < D {
                         out[p + k + e] = x[e];
