@@ -80,10 +80,8 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
     let i = t / QT;
     let g = t % QT;
     if ROTOR_Q {
-        let x = vec3<f32>(query_coord(b, h, i, 3u * g), query_coord(b, h, i, 3u * g + 1u), query_coord(b, h, i, 3u * g + 2u));
-        let m = mat3x3<f32>(coef_const(3u, K_ROT, 3u * g).xyz, coef_const(3u, K_ROT, 3u * g + 1u).xyz, coef_const(3u, K_ROT, 3u * g + 2u).xyz);
-        // The columns hold M's rows: x * m = M x.
-        return vec4<f32>(x * m, 0.0);
+        let x = vec4<f32>(query_coord(b, h, i, 3u * g), query_coord(b, h, i, 3u * g + 1u), query_coord(b, h, i, 3u * g + 2u), 0.0);
+        return x * group_matrix(3u, K_ROT, g);
     }
     let k = 4u * g;
     let x = vec4<f32>(query_coord(b, h, i, k), query_coord(b, h, i, k + 1u), query_coord(b, h, i, k + 2u), query_coord(b, h, i, k + 3u));
@@ -93,9 +91,7 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
     if K_KIND == 2u {
         return x * coef_const(2u, K_ROT, g);
     }
-    let m = mat4x4<f32>(coef_const(4u, K_ROT, 4u * g), coef_const(4u, K_ROT, 4u * g + 1u), coef_const(4u, K_ROT, 4u * g + 2u), coef_const(4u, K_ROT, 4u * g + 3u));
-    // As in iso_rotate: x * m = M x.
-    return x * m;
+    return x * group_matrix(4u, K_ROT, g);
 }
 
 // The group's query (qv, loaded at kernel start) into rot_sh rows 0..G, then the QJL
@@ -367,20 +363,11 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.
     load_diag(lid, RED_WG, false, true);
-    // A rotor or iso V: this invocation's group matrix (rows u0..u2 or u0..u3) for the
-    // un-rotation, loaded now beside the partials (after the merge it would cost a round trip
-    // to memory).
-    var u0 = vec4<f32>(0.0);
-    var u1 = vec4<f32>(0.0);
-    var u2 = vec4<f32>(0.0);
-    var u3 = vec4<f32>(0.0);
+    // A rotor or iso V: this invocation's group matrix for the un-rotation, loaded now beside
+    // the partials (after the merge it would cost a round trip to memory).
+    var um = mat4x4<f32>();
     if V_GROUPED && lid < VGROUPS {
-        u0 = coef_const(V_KIND, V_ROT, VGW * lid);
-        u1 = coef_const(V_KIND, V_ROT, VGW * lid + 1u);
-        u2 = coef_const(V_KIND, V_ROT, VGW * lid + 2u);
-        if VGW == 4u {
-            u3 = coef_const(V_KIND, V_ROT, VGW * lid + 3u);
-        }
+        um = group_matrix(V_KIND, V_ROT, lid);
     }
     let qh = wid.x;
     let b = wid.y;
@@ -449,14 +436,15 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         }
         workgroupBarrier();
         if V_GROUPED {
-            // x = M^T y per group: the group's rows weighted by y.
+            // x = M^T y per group.
             if lid < VGROUPS {
                 let k = VGW * lid;
-                var x = u0 * rs_get(k) + u1 * rs_get(k + 1u) + u2 * rs_get(k + 2u);
+                var y = vec4<f32>(rs_get(k), rs_get(k + 1u), rs_get(k + 2u), 0.0);
                 // (Not a select: it would read rot_sh past its end for rotor's last group.)
                 if VGW == 4u {
-                    x += u3 * rs_get(k + 3u);
+                    y.w = rs_get(k + 3u);
                 }
+                let x = um * y;
                 for (var e = 0u; e < VGW; e++) {
                     if k + e < D {
                         out[p + k + e] = x[e];

@@ -115,8 +115,8 @@ fn turbo_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
 // Coefficient vec4 j of a side's rotation (codec kind `kind`, constants from `rot`): turbo's
 // diagonal, sign / sqrt(length of the coordinate's Hadamard block), 4 coordinates per vec4;
 // rotor's 3x3 matrix per group of 3 coordinates, its rows (one vec4 each, w unused); iso's
-// 4x4 matrix per group of 4, its rows. For the rotations fused into a kernel's first loads
-// (the decode's query, the reduce's output).
+// 4x4 matrix per group of 4, its rows. Read here by every rotor and iso rotation, and at
+// kernel start by those fused into the first loads (the decode's query, the reduce's output).
 fn coef_const(kind: u32, rot: u32, j: u32) -> vec4<f32> {
     if kind == 3u {
         let m = rot + 9u * (j / 3u) + 3u * (j % 3u);
@@ -130,50 +130,42 @@ fn coef_const(kind: u32, rot: u32, j: u32) -> vec4<f32> {
     return c;
 }
 
-// Rotor: a 3x3 matrix M per group of 3 coordinates (row-major, 9 values per group at
-// `rot`): y = M x per group, or x = M^T y.
+// A rotor's or iso's matrix M of group g, its rows as the columns (rotor: 3 rows, w 0, and a
+// zero fourth column), so that x * m = M x and m * x = M^T x.
+fn group_matrix(kind: u32, rot: u32, g: u32) -> mat4x4<f32> {
+    let n = select(4u, 3u, kind == 3u);
+    var m = mat4x4<f32>(coef_const(kind, rot, n * g), coef_const(kind, rot, n * g + 1u), coef_const(kind, rot, n * g + 2u), vec4<f32>(0.0));
+    if kind == 4u {
+        m[3] = coef_const(kind, rot, n * g + 3u);
+    }
+    return m;
+}
+
+// Rotor: a 3x3 matrix M per group of 3 coordinates (group_matrix): y = M x per group, or
+// x = M^T y.
 fn rotor_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     let groups = (D + 2u) / 3u;
     for (var i = lid; i < rows * groups; i += nt) {
         let at = (i / groups) * RW + 3u * (i % groups);
-        let m = rot + 9u * (i % groups);
-        let x = vec3<f32>(rs_get(at), rs_get(at + 1u), rs_get(at + 2u));
-        var a = vec3<f32>(cst(m), cst(m + 1u), cst(m + 2u));
-        var b = vec3<f32>(cst(m + 3u), cst(m + 4u), cst(m + 5u));
-        var c = vec3<f32>(cst(m + 6u), cst(m + 7u), cst(m + 8u));
-        if inverse {
-            let t = transpose(mat3x3<f32>(a, b, c));
-            a = t[0];
-            b = t[1];
-            c = t[2];
-        }
-        rs_set(at, dot(a, x));
-        rs_set(at + 1u, dot(b, x));
-        rs_set(at + 2u, dot(c, x));
+        let m = group_matrix(3u, rot, i % groups);
+        let x = vec4<f32>(rs_get(at), rs_get(at + 1u), rs_get(at + 2u), 0.0);
+        let y = select(x * m, m * x, inverse);
+        rs_set(at, y.x);
+        rs_set(at + 1u, y.y);
+        rs_set(at + 2u, y.z);
     }
     workgroupBarrier();
 }
 
-// Iso: a 4x4 matrix M per group of 4 coordinates (row-major, 16 values per group at `rot`):
-// y = M x per group, or x = M^T y.
+// Iso: a 4x4 matrix M per group of 4 coordinates (group_matrix): y = M x per group, or
+// x = M^T y.
 fn iso_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     let groups = D / 4u;
     for (var i = lid; i < rows * groups; i += nt) {
         let at = (i / groups) * RW + 4u * (i % groups);
-        let m = rot + 16u * (i % groups);
+        let m = group_matrix(4u, rot, i % groups);
         let x = rot_sh[at / 4u];
-        var mt = mat4x4<f32>(
-            vec4<f32>(cst(m), cst(m + 1u), cst(m + 2u), cst(m + 3u)),
-            vec4<f32>(cst(m + 4u), cst(m + 5u), cst(m + 6u), cst(m + 7u)),
-            vec4<f32>(cst(m + 8u), cst(m + 9u), cst(m + 10u), cst(m + 11u)),
-            vec4<f32>(cst(m + 12u), cst(m + 13u), cst(m + 14u), cst(m + 15u)),
-        );
-        // The columns hold M's rows, so mt * x = M^T x and x * mt = M x.
-        if inverse {
-            rot_sh[at / 4u] = mt * x;
-        } else {
-            rot_sh[at / 4u] = x * mt;
-        }
+        rot_sh[at / 4u] = select(x * m, m * x, inverse);
     }
     workgroupBarrier();
 }
