@@ -186,6 +186,7 @@ impl KernelConfig {
         );
         h += &c("RW", self.rot_width());
         h += &c("ER", self.encode_rows());
+        h += &format!("const KV_JOINT: bool = {};\n", self.kv_joint());
         h += &c("RROWS", self.gqa.max(self.encode_rows()));
         h += &c("DIAG_N", self.diag_len());
         h += &c("SIDE_MAX", self.side_max());
@@ -440,9 +441,19 @@ impl KernelConfig {
             .unwrap_or(4)
     }
 
-    /// Rows a workgroup encodes at once (rotated codecs): about 256 values per pass.
+    /// Rows a workgroup encodes at once (rotated codecs): about 256 values per pass, and at
+    /// least a token's K and V rows where they are encoded together ([`Self::kv_joint`]).
     fn encode_rows(&self) -> u32 {
-        (256 / self.rot_width()).clamp(1, 4)
+        let min = if self.kv_joint() { 2 } else { 1 };
+        (256 / self.rot_width()).clamp(min, 4)
+    }
+
+    /// Whether K's encoder also encodes V (`KV_JOINT`): both sides the same rotated codec
+    /// (the same rotation, levels and layout; the constants come from one seed) and no QJL.
+    /// A token's two rows then share one chain of barriers instead of one each: in the fused
+    /// step that chain is split 0's, on the step's critical path at short contexts.
+    fn kv_joint(&self) -> bool {
+        self.k.kind.is_rotated() && self.k == self.v && !self.k.qjl
     }
 
     /// Most f16 sideband values of a row on either side.

@@ -29,7 +29,7 @@ var<workgroup> base_sh: u32;
 
 // Encode tasks per new row: K_TASKS for K then V_TASKS for V (a word for f16, a code word or
 // a scale word for q8/q4; each task owns whole words). A rotated side has no tasks: its
-// rows are encoded by the whole workgroup (encode_rows), up to ER at a time.
+// rows are encoded by the whole workgroup (encode_rows), up to ET tokens at a time.
 const ROW_TASKS: u32 = K_TASKS + V_TASKS;
 // The divisor for task indices (never zero, even when no task exists).
 const TASK_DIV: u32 = max(ROW_TASKS, 1u);
@@ -77,8 +77,8 @@ fn list_rows(lid: u32, b: u32, base: u32, r0: u32, nr: u32) {
 
 // Cooperatively encodes rows [first, last) of sequence b (uniform arguments).
 fn encode_range(lid: u32, b: u32, base: u32, first: u32, last: u32) {
-    for (var r0 = first; r0 < last; r0 += ER) {
-        let nr = min(ER, last - r0);
+    for (var r0 = first; r0 < last; r0 += ET) {
+        let nr = min(ET, last - r0);
         list_rows(lid, b, base, r0, nr);
         encode_rows(lid, APPEND_WG, nr);
     }

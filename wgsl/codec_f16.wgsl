@@ -18,7 +18,12 @@ fn @SIDE@_load_levels(lid: u32) {}
 // @ENCODER@ (attend-only modules stop here)
 
 // f16 rows are encoded by independent tasks (encode_@SIDE@), not cooperatively.
-fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {}
+fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {}
+
+// Writes word w of row `row`.
+fn @SIDE@_put_word(row: u32, w: u32, word: u32) {
+    @SIDE@_store[@SIDE@_vec_index(row, w / @LANES@)][w % @LANES@] = word;
+}
 
 // Encode task `task` (of @S@_TASKS = D/2 per row): one word, values 2 task and 2 task + 1.
 // `src` is the pair index of the row's first value in the input. Values past f16's range
@@ -26,5 +31,5 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {}
 // would make the token's score or the output Inf/NaN).
 fn encode_@SIDE@(row: u32, src: u32, task: u32) {
     let x = clamp(in_pair_@SIDE@(src + task), vec2<f32>(-65504.0), vec2<f32>(65504.0));
-    @SIDE@_store[@SIDE@_vec_index(row, task / @LANES@)][task % @LANES@] = pack2x16float(x);
+    @SIDE@_put_word(row, task, pack2x16float(x));
 }

@@ -41,15 +41,30 @@ fn @SIDE@_quantize(y: f32, s: f32) -> u32 {
     return code;
 }
 
-// Encodes the rows enc_src[r] -> enc_dst[r], r < nr <= ER, with the whole workgroup (nt
-// invocations; barriers inside, so every invocation calls it with the same nr):
-// norm, rotation, scales, codes, QJL residual, then one invocation per output word.
-fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
-    for (var i = lid; i < nr * RW; i += nt) {
+// Writes word w of row `row`.
+fn @SIDE@_put_word(row: u32, w: u32, word: u32) {
+    @SIDE@_store[@SIDE@_word(row, w)] = word;
+}
+
+// Encodes the rows enc_src[r] -> enc_dst[r], r < nr <= ET, with the whole workgroup (nt
+// invocations; barriers inside, so every invocation calls it with the same arguments):
+// norm, rotation, scales, codes, QJL residual, then one invocation per output word. With
+// sides = 2 (KV_JOINT: V's codec is K's, rotation included) K's encoder also encodes the same
+// tokens' V rows, as rows nr .. 2 nr of the scratch: one chain of barriers for both sides.
+fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
+    let rows = nr * sides;
+    // Rows past nr are V's (sides = 2).
+    for (var i = lid; i < rows * RW; i += nt) {
+        let r = i / RW;
         let k = i % RW;
         var x = 0.0;
         if k < D {
-            x = in_pair_@SIDE@(enc_src[i / RW] + k / 2u)[k % 2u];
+            let p = enc_src[r % nr] + k / 2u;
+            if r < nr {
+                x = in_pair_@SIDE@(p)[k % 2u];
+            } else {
+                x = in_pair_v(p)[k % 2u];
+            }
         }
         rs_set(i, x);
         enc_x[i] = x;
@@ -59,7 +74,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
     }
     workgroupBarrier();
     // Sums of squares in 8 parts per row, beside the rotation (which leaves enc_x alone).
-    for (var i = lid; i < nr * 8u; i += nt) {
+    for (var i = lid; i < rows * 8u; i += nt) {
         let k0 = (i / 8u) * RW + (i % 8u) * (D / 8u);
         var ss = 0.0;
         for (var k = 0u; k < D / 8u; k++) {
@@ -67,8 +82,8 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
         }
         enc_np[i] = ss;
     }
-    rotate_rows(@S@_KIND, @S@_ROT, nr, lid, nt, false);
-    for (var r = lid; r < nr; r += nt) {
+    rotate_rows(@S@_KIND, @S@_ROT, rows, lid, nt, false);
+    for (var r = lid; r < rows; r += nt) {
         var ss = 0.0;
         for (var q = 0u; q < 8u; q++) {
             ss += enc_np[8u * r + q];
@@ -78,7 +93,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
     workgroupBarrier();
 
     // Scales, rounded to the stored f16 values: codes are chosen against those.
-    for (var i = lid; i < nr * @S@_NSIDE; i += nt) {
+    for (var i = lid; i < rows * @S@_NSIDE; i += nt) {
         let r = i / @S@_NSIDE;
         let j = i % @S@_NSIDE;
         var s = enc_n[r] / sqrt(f32(D));
@@ -94,7 +109,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
         enc_s[r * SIDE_MAX + j] = f16_round(min(s, 65504.0));
     }
     workgroupBarrier();
-    for (var i = lid; i < nr * RW; i += nt) {
+    for (var i = lid; i < rows * RW; i += nt) {
         let k = i % RW;
         if k < @S@_NC {
             let s = enc_s[(i / RW) * SIDE_MAX + select(0u, k / 32u, @S@_BLOCK32)];
@@ -137,7 +152,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
     }
 
     // One invocation per output word gathers every field overlapping it.
-    for (var i = lid; i < nr * @S@_WORDS; i += nt) {
+    for (var i = lid; i < rows * @S@_WORDS; i += nt) {
         let r = i / @S@_WORDS;
         let w = i % @S@_WORDS;
         let lo = 32u * w;
@@ -171,8 +186,13 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {
                 word |= (pack2x16float(vec2<f32>(enc_rn[r], 0.0)) & 0xffffu) << (@S@_QJL_NORM_BIT % 32u);
             }
         }
-        if enc_dst[r] != NO_ROW {
-            @SIDE@_store[@SIDE@_word(enc_dst[r], w)] = word;
+        let dst = enc_dst[r % nr];
+        if dst != NO_ROW {
+            if r < nr {
+                @SIDE@_put_word(dst, w, word);
+            } else {
+                v_put_word(dst, w, word);
+            }
         }
     }
     workgroupBarrier();

@@ -19,7 +19,12 @@ fn @SIDE@_load_levels(lid: u32) {}
 // @ENCODER@ (attend-only modules stop here)
 
 // q8/q4 rows are encoded by independent tasks (encode_@SIDE@), not cooperatively.
-fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32) {}
+fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {}
+
+// Writes word w of row `row`.
+fn @SIDE@_put_word(row: u32, w: u32, word: u32) {
+    @SIDE@_store[@SIDE@_word(row, w)] = word;
+}
 
 
 // round_half_away(x / d) clamped to ±qmax, exactly as in f64: the quotient's rounding error
@@ -64,7 +69,7 @@ fn encode_@SIDE@(row: u32, src: u32, task: u32) {
         if 2u * t + 1u < D / 32u {
             d.y = @SIDE@_block_scale(src, 2u * t + 1u, qmax);
         }
-        @SIDE@_store[@SIDE@_word(row, @S@_SIDE_WORD + t)] = pack2x16float(d);
+        @SIDE@_put_word(row, @S@_SIDE_WORD + t, pack2x16float(d));
         return;
     }
     // Quantize against the stored (f16-rounded) scale, as the reference does. A block's
@@ -78,5 +83,5 @@ fn encode_@SIDE@(row: u32, src: u32, task: u32) {
         let u = vec2<u32>(vec2<i32>(c) + vec2<i32>(1 << (@S@_BITS - 1u)));
         word |= (u.x << (i * @S@_BITS)) | (u.y << ((i + 1u) * @S@_BITS));
     }
-    @SIDE@_store[@SIDE@_word(row, task)] = word;
+    @SIDE@_put_word(row, task, word);
 }

@@ -1,6 +1,6 @@
 // Workgroup-cooperative encoding of new rows for the rotated codecs (their codes depend on
-// the whole row: norm, rotation, bit packing across words). The caller lists up to ER rows
-// in enc_dst / enc_src and calls encode_rows; the per-side encode_rows_k / encode_rows_v come
+// the whole row: norm, rotation, bit packing across words). The caller lists up to ET tokens'
+// rows in enc_dst / enc_src and calls encode_rows; the per-side encode_rows_k / encode_rows_v come
 // from the codec files (empty for codecs encoded by independent tasks: f16, q8, q4).
 
 // enc_dst entry of a row that lies outside this dispatch's segment: computed, not written.
@@ -18,9 +18,19 @@ var<workgroup> enc_np: array<f32, ER * 8u>;
 var<workgroup> enc_bd: array<f32, 16>;
 var<workgroup> enc_rn: array<f32, ER>;
 
-// Encodes the nr listed rows of both sides (every invocation calls it; barriers inside).
+// Tokens per encode_rows call: with KV_JOINT (V's codec is K's) both sides' rows of a token
+// are encoded together, so ER rows hold ER / 2 tokens.
+const ET: u32 = select(ER, ER / 2u, KV_JOINT);
+
+// Encodes the nr <= ET listed tokens' rows of both sides (every invocation calls it; barriers
+// inside). With KV_JOINT one pass encodes both (one chain of a dozen barriers, not two: the
+// fused step's split 0 runs it on the step's critical path).
 fn encode_rows(lid: u32, nt: u32, nr: u32) {
     workgroupBarrier();
-    encode_rows_k(lid, nt, nr);
-    encode_rows_v(lid, nt, nr);
+    if KV_JOINT {
+        encode_rows_k(lid, nt, nr, 2u);
+    } else {
+        encode_rows_k(lid, nt, nr, 1u);
+        encode_rows_v(lid, nt, nr, 1u);
+    }
 }

@@ -77,14 +77,22 @@ fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
 }
 
 // In-place unnormalised Walsh–Hadamard butterflies on every Hadamard block of `rows` rows,
-// one stage per barrier; a pair is skipped when its block is no longer than the stride.
-// Pair q of stage 2^lh is (i, i + 2^lh), i being q with its bits from lh up moved up one:
-// shifts, since the compiler does not unroll this loop (q / h, h being the loop's value,
-// compiled to a full integer division, 47 instructions, in every stage: H200 SASS). That
-// took 2-3 us a layer off turbo's decode (BENCHMARKS.md, session 11).
+// stage by stage (strides 1, 2, 4, ...). For a power-of-two D the stages run four at a time
+// in registers (fwht_lo, fwht_hi): two barriers instead of log2(D), with the same additions
+// in the same order, so the same values. Each barrier is a round trip through workgroup
+// memory on every decode workgroup's critical path (the query), on split 0's (the encoder)
+// and on the reduce's (the output's un-rotation).
 fn fwht(rows: u32, lid: u32, nt: u32) {
+    if (D & (D - 1u)) == 0u && D >= 32u && D <= 256u {
+        fwht_lo(rows, lid, nt);
+        fwht_hi(rows, lid, nt);
+        return;
+    }
     for (var lh = 0u; (1u << lh) < D; lh++) {
         let h = 1u << lh;
+        // Pair q of stage 2^lh is (i, i + 2^lh), i being q with its bits from lh up moved up
+        // one: shifts, since the compiler does not unroll this loop (q / h, h being the
+        // loop's value, compiled to a full integer division, 47 instructions: H200 SASS).
         for (var p = lid; p < rows * (D / 2u); p += nt) {
             let q = p % (D / 2u);
             let i = ((q >> lh) << (lh + 1u)) | (q & (h - 1u));
@@ -98,6 +106,86 @@ fn fwht(rows: u32, lid: u32, nt: u32) {
         }
         workgroupBarrier();
     }
+}
+
+// Stages 1 and 2 of 4 values.
+fn h4(x: vec4<f32>) -> vec4<f32> {
+    let p = vec4<f32>(x.x + x.y, x.x - x.y, x.z + x.w, x.z - x.w);
+    return vec4<f32>(p.x + p.z, p.y + p.w, p.x - p.z, p.y - p.w);
+}
+
+// Stages 1, 2, 4 and 8 of 16 values (4 vec4s, in order). Zeros past the first 2^m values
+// leave the first 2^m results those of m stages alone (H_2n's top left block is H_n).
+fn h16(x: mat4x4<f32>) -> mat4x4<f32> {
+    let a = h4(x[0]);
+    let b = h4(x[1]);
+    let c = h4(x[2]);
+    let d = h4(x[3]);
+    let ab = a + b;
+    let ab2 = a - b;
+    let cd = c + d;
+    let cd2 = c - d;
+    return mat4x4<f32>(ab + cd, ab2 + cd2, ab - cd, ab2 - cd2);
+}
+
+// Stages 1-8 (power-of-two D >= 32): 16 consecutive values a task.
+fn fwht_lo(rows: u32, lid: u32, nt: u32) {
+    for (var t = lid; t < rows * (D / 16u); t += nt) {
+        let q = ((t / (D / 16u)) * RW + 16u * (t % (D / 16u))) / 4u;
+        let y = h16(mat4x4<f32>(rot_sh[q], rot_sh[q + 1u], rot_sh[q + 2u], rot_sh[q + 3u]));
+        rot_sh[q] = y[0];
+        rot_sh[q + 1u] = y[1];
+        rot_sh[q + 2u] = y[2];
+        rot_sh[q + 3u] = y[3];
+    }
+    workgroupBarrier();
+}
+
+// Stages 16 .. D/2 (power-of-two D, 32 <= D <= 256): the D / 16 values at stride 16 from
+// each of a row's first 16 coordinates.
+fn fwht_hi(rows: u32, lid: u32, nt: u32) {
+    let n = D / 16u;
+    for (var t = lid; t < rows * 16u; t += nt) {
+        let at = (t / 16u) * RW + t % 16u;
+        var x = mat4x4<f32>();
+        // (Constant conditions: D is a constant, so no branch survives.)
+        x[0] = vec4<f32>(rs_get(at), rs_get(at + 16u), 0.0, 0.0);
+        if n > 2u {
+            x[0].z = rs_get(at + 32u);
+            x[0].w = rs_get(at + 48u);
+        }
+        if n > 4u {
+            x[1] = vec4<f32>(rs_get(at + 64u), rs_get(at + 80u), rs_get(at + 96u), rs_get(at + 112u));
+        }
+        if n > 8u {
+            x[2] = vec4<f32>(rs_get(at + 128u), rs_get(at + 144u), rs_get(at + 160u), rs_get(at + 176u));
+            x[3] = vec4<f32>(rs_get(at + 192u), rs_get(at + 208u), rs_get(at + 224u), rs_get(at + 240u));
+        }
+        let y = h16(x);
+        rs_set(at, y[0].x);
+        rs_set(at + 16u, y[0].y);
+        if n > 2u {
+            rs_set(at + 32u, y[0].z);
+            rs_set(at + 48u, y[0].w);
+        }
+        if n > 4u {
+            rs_set(at + 64u, y[1].x);
+            rs_set(at + 80u, y[1].y);
+            rs_set(at + 96u, y[1].z);
+            rs_set(at + 112u, y[1].w);
+        }
+        if n > 8u {
+            rs_set(at + 128u, y[2].x);
+            rs_set(at + 144u, y[2].y);
+            rs_set(at + 160u, y[2].z);
+            rs_set(at + 176u, y[2].w);
+            rs_set(at + 192u, y[3].x);
+            rs_set(at + 208u, y[3].y);
+            rs_set(at + 224u, y[3].z);
+            rs_set(at + 240u, y[3].w);
+        }
+    }
+    workgroupBarrier();
 }
 
 // Turbo: y = H (signs * x) per Hadamard block (orthonormal), or its inverse

@@ -30,8 +30,8 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
     }
     let tasks = K_TASKS + V_TASKS;
     if COOP {
-        for (var r0 = t0; r0 < n; r0 += ER) {
-            let nr = min(ER, n - r0);
+        for (var r0 = t0; r0 < n; r0 += ET) {
+            let nr = min(ET, n - r0);
             if lid < nr {
                 let slot = ring_slot(len + r0 + lid);
                 enc_dst[lid] = select(NO_ROW, seg_row(b, h, slot, seg), in_seg(slot, seg));
