@@ -476,7 +476,7 @@ impl KernelConfig {
             at += match c.kind {
                 CodecKind::Turbo => d,
                 CodecKind::Rotor => 9 * d.div_ceil(3),
-                CodecKind::Iso => 4 * d,
+                CodecKind::Iso => d,
                 _ => 0,
             };
             let levels = at;
@@ -509,8 +509,8 @@ impl KernelConfig {
             }
             let rot: Vec<f32> = match c.kind {
                 CodecKind::Turbo => rotation::turbo_signs(seed, d),
-                CodecKind::Rotor => rotation::rotor_matrices(seed, d).concat(),
-                _ => rotation::iso_matrices(seed, d).concat(),
+                CodecKind::Rotor => coefficient_major(&rotation::rotor_matrices(seed, d)),
+                _ => coefficient_major(&rotation::iso_quaternions(seed, d)),
             };
             out[o.rot as usize..][..rot.len()].copy_from_slice(&rot);
             let cb = lloyd::codebook(c.bits);
@@ -547,6 +547,15 @@ struct ConstantOffsets {
     v: SideOffsets,
     qjl: u32,
     len: u32,
+}
+
+/// Per-group coefficients laid out one coefficient of every group before the next (rotor:
+/// the 9 entries of each group's matrix; iso: each group's quaternion), so the kernels'
+/// invocations, one per group, read consecutive words (wgsl/rotate.wgsl, `group_matrix`).
+fn coefficient_major<const N: usize>(groups: &[[f32; N]]) -> Vec<f32> {
+    (0..N)
+        .flat_map(|e| groups.iter().map(move |g| g[e]))
+        .collect()
 }
 
 fn n_codes(c: Codec, head_dim: u32) -> u32 {

@@ -89,7 +89,7 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
         return x;
     }
     if K_KIND == 2u {
-        return x * coef_const(2u, K_ROT, g);
+        return x * turbo_coef(K_ROT, g);
     }
     return x * group_matrix(4u, K_ROT, g);
 }

@@ -200,33 +200,40 @@ fn turbo_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     }
 }
 
-// Coefficient vec4 j of a side's rotation (codec kind `kind`, constants from `rot`): turbo's
-// diagonal, sign / sqrt(length of the coordinate's Hadamard block), 4 coordinates per vec4;
-// rotor's 3x3 matrix per group of 3 coordinates, its rows (one vec4 each, w unused); iso's
-// 4x4 matrix per group of 4, its rows. Read here by every rotor and iso rotation, and at
-// kernel start by those fused into the first loads (the decode's query, the reduce's output).
-fn coef_const(kind: u32, rot: u32, j: u32) -> vec4<f32> {
-    if kind == 3u {
-        let m = rot + 9u * (j / 3u) + 3u * (j % 3u);
-        return vec4<f32>(cst(m), cst(m + 1u), cst(m + 2u), 0.0);
-    }
+// Turbo's diagonal for coordinates 4j .. 4j + 3 of the side whose constants start at `rot`:
+// sign / sqrt(length of the coordinate's Hadamard block). Read at kernel start by the
+// decode's query load.
+fn turbo_coef(rot: u32, j: u32) -> vec4<f32> {
     let m = rot + 4u * j;
     let c = vec4<f32>(cst(m), cst(m + 1u), cst(m + 2u), cst(m + 3u));
-    if kind == 2u {
-        return c * inverseSqrt(f32(hblock_len(4u * j)));
-    }
-    return c;
+    return c * inverseSqrt(f32(hblock_len(4u * j)));
 }
 
 // A rotor's or iso's matrix M of group g, its rows as the columns (rotor: 3 rows, w 0, and a
-// zero fourth column), so that x * m = M x and m * x = M^T x.
+// zero fourth column), so that x * m = M x and m * x = M^T x. The constants hold one
+// coefficient of every group before the next (a rotor's 9 entries of M; an iso's quaternion q,
+// M = L(q), whose entries are q's with signs): the invocations of a rotation, one per group,
+// read consecutive words. (Group by group, a warp's loads touched up to 16 times the cache
+// lines: BENCHMARKS.md, session 12.) Read by every rotor and iso rotation, and at kernel
+// start by those fused into the first loads (the decode's query, the reduce's output).
 fn group_matrix(kind: u32, rot: u32, g: u32) -> mat4x4<f32> {
-    let n = select(4u, 3u, kind == 3u);
-    var m = mat4x4<f32>(coef_const(kind, rot, n * g), coef_const(kind, rot, n * g + 1u), coef_const(kind, rot, n * g + 2u), vec4<f32>(0.0));
-    if kind == 4u {
-        m[3] = coef_const(kind, rot, n * g + 3u);
+    if kind == 3u {
+        let n = (D + 2u) / 3u;
+        let e = rot + g;
+        return mat4x4<f32>(
+            vec4<f32>(cst(e), cst(e + n), cst(e + 2u * n), 0.0),
+            vec4<f32>(cst(e + 3u * n), cst(e + 4u * n), cst(e + 5u * n), 0.0),
+            vec4<f32>(cst(e + 6u * n), cst(e + 7u * n), cst(e + 8u * n), 0.0),
+            vec4<f32>(0.0),
+        );
     }
-    return m;
+    let n = D / 4u;
+    let w = cst(rot + g);
+    let x = cst(rot + n + g);
+    let y = cst(rot + 2u * n + g);
+    let z = cst(rot + 3u * n + g);
+    // L(q) v = q v (quaternion product), v = (w, x, y, z) of 4 coordinates.
+    return mat4x4<f32>(vec4<f32>(w, -x, -y, -z), vec4<f32>(x, w, -z, y), vec4<f32>(y, z, w, -x), vec4<f32>(z, -y, x, w));
 }
 
 // Rotor: a 3x3 matrix M per group of 3 coordinates (group_matrix): y = M x per group, or
