@@ -305,6 +305,11 @@ impl KernelConfig {
     /// Workgroup memory the `split` kernel of the fused step declares (the larger of the two
     /// split kernels), in bytes.
     pub fn split_workgroup_bytes(&self) -> u32 {
+        self.split_workgroup_bytes_with(self.encode_rows())
+    }
+
+    /// [`Self::split_workgroup_bytes`] with `er` encoder rows.
+    fn split_workgroup_bytes_with(&self, er: u32) -> u32 {
         let (g, d, wg) = (self.gqa, self.head_dim, self.workgroup);
         let qsh = if self.k.kind.is_rotated() {
             1
@@ -312,7 +317,7 @@ impl KernelConfig {
             g * d / 4
         };
         let sqn = if self.k.qjl { g * d } else { 4 };
-        let (er, rw) = (self.encode_rows(), self.rot_width());
+        let rw = self.rot_width();
         let floats = 4 * qsh // q_sh
             + sqn
             + g * wg // s_sh
@@ -444,16 +449,26 @@ impl KernelConfig {
     /// Rows a workgroup encodes at once (rotated codecs): about 256 values per pass, and at
     /// least a token's K and V rows where they are encoded together ([`Self::kv_joint`]).
     fn encode_rows(&self) -> u32 {
-        let min = if self.kv_joint() { 2 } else { 1 };
-        (256 / self.rot_width()).clamp(min, 4)
+        let natural = (256 / self.rot_width()).clamp(1, 4);
+        if self.kv_joint() {
+            natural.max(2)
+        } else {
+            natural
+        }
     }
 
     /// Whether K's encoder also encodes V (`KV_JOINT`): both sides the same rotated codec
     /// (the same rotation, levels and layout; the constants come from one seed) and no QJL.
     /// A token's two rows then share one chain of barriers instead of one each: in the fused
-    /// step that chain is split 0's, on the step's critical path at short contexts.
+    /// step that chain is split 0's, on the step's critical path at short contexts (H200,
+    /// qwen3-8b: rotated K+V codecs 3-6 % faster at 4k, BENCHMARKS.md session 12). Where a
+    /// row is wider than 128 codes (D > 128, or rotor's 129 at D = 128) that takes a second
+    /// encoder row of workgroup memory, added only while the split kernel stays within 12 KiB:
+    /// past about 12 KB the split kernels ran 25-30 % slower (session 11), and larger shapes
+    /// must still fit the 32 KiB of workgroup memory kvq asks for.
     fn kv_joint(&self) -> bool {
-        self.k.kind.is_rotated() && self.k == self.v && !self.k.qjl
+        let same = self.k.kind.is_rotated() && self.k == self.v && !self.k.qjl;
+        same && (256 / self.rot_width() >= 2 || self.split_workgroup_bytes_with(2) <= 12 * 1024)
     }
 
     /// Most f16 sideband values of a row on either side.
@@ -497,8 +512,10 @@ impl KernelConfig {
     }
 
     /// The codec constants the kernels read (rotation coefficients, Lloyd–Max levels and
-    /// boundaries, QJL matrix: exactly the CPU reference's f32 arrays for `seed`), as stored
-    /// after the lengths and overflow flags in the lengths buffer.
+    /// boundaries, QJL matrix: exactly the CPU reference's f32 values for `seed`; a rotor's
+    /// matrices and an iso's quaternions, whose left-multiplication matrices the reference
+    /// uses, one coefficient of every group before the next), as stored after the lengths and
+    /// overflow flags in the lengths buffer.
     pub fn constants(&self, seed: u64) -> Vec<f32> {
         let d = self.head_dim as usize;
         let off = self.constant_offsets();
@@ -1026,5 +1043,31 @@ mod tests {
         let mut odd = cfg("turbo3_sym", 128);
         odd.workgroup = 32;
         assert!(odd.clamps_indices());
+    }
+
+    #[test]
+    fn joint_encoding_only_for_one_rotated_codec_and_within_the_memory_bound() {
+        for (codecs, d, joint) in [
+            ("turbo3_sym", 128, true),
+            ("iso4_sym", 128, true),
+            // 129 codes: a second encoder row, and the split kernel stays under 12 KiB.
+            ("rotor3_sym", 128, true),
+            ("k_turbo3", 128, false),
+            ("k=turbo3,v=turbo4", 128, false),
+            ("k=iso3,v=rotor3", 128, false),
+            ("k=turbo3+qjl,v=turbo3", 128, false),
+        ] {
+            let c = cfg(codecs, d);
+            assert_eq!(c.kv_joint(), joint, "{codecs}");
+            assert!(c.encode_rows() >= if joint { 2 } else { 1 }, "{codecs}");
+        }
+        // Wide rows at a large workgroup: the second encoder row would pass 12 KiB, so none is
+        // added, and the kernel keeps the memory it had (within the 32 KiB kvq asks for).
+        let mut wide = cfg("turbo3_sym", 256);
+        wide.gqa = 6;
+        wide.workgroup = 256;
+        assert!(!wide.kv_joint());
+        assert_eq!(wide.encode_rows(), 1);
+        assert!(wide.split_workgroup_bytes() <= 32 * 1024);
     }
 }

@@ -1,9 +1,11 @@
 // Rotations of the rotated codecs (turbo, rotor, iso), applied in place to rows of `rot_sh`:
 // the query (forward, once per split workgroup), the attention output (inverse, once per
 // reduce workgroup) and new rows being encoded (forward; inverse for the QJL residual).
-// The coefficients are the CPU reference's f32 arrays (src/codec/rotation.rs), stored after
-// the lengths in the `lens` buffer (see `cst`). Every function here holds barriers: all
-// invocations of the workgroup call it, with uniform arguments.
+// The coefficients are the CPU reference's f32 values (src/codec/rotation.rs: turbo's signs,
+// rotor's matrices, iso's quaternions; the last two one coefficient of every group before the
+// next, see group_matrix), stored after the lengths in the `lens` buffer (see `cst`). Most
+// functions here hold barriers: all invocations of the workgroup call them, with uniform
+// arguments.
 
 // RROWS rows of RW values (a rotated side's n_codes padded to a multiple of 32), held as
 // vec4s: a rotated K's scores read the rotated query from here four values at a time.
@@ -79,7 +81,7 @@ fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
 // In-place unnormalised Walsh–Hadamard butterflies on every Hadamard block of `rows` rows,
 // stage by stage (strides 1, 2, 4, ...). For a power-of-two D the stages run four at a time
 // in registers (fwht_lo, fwht_hi): two barriers instead of log2(D), with the same additions
-// in the same order, so the same values. Each barrier is a round trip through workgroup
+// in the same order, so the same values (but for the sign of a zero: fwht_hi adds zeros). Each barrier is a round trip through workgroup
 // memory on every decode workgroup's critical path (the query), on split 0's (the encoder)
 // and on the reduce's (the output's un-rotation).
 fn fwht(rows: u32, lid: u32, nt: u32) {

@@ -58,7 +58,7 @@ enum Rotation {
 }
 
 /// The CPU reference of one codec at one `head_dim` and seed: codebook, rotation arrays
-/// (exactly the `f32` values the GPU gets), QJL matrix and layout.
+/// (exactly the `f32` values the GPU rotates with), QJL matrix and layout.
 #[derive(Clone, Debug)]
 pub struct CodecRef {
     codec: Codec,

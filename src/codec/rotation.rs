@@ -18,8 +18,9 @@
 //! * QJL: `m * d` Gaussians, row-major (`S[j][i]` is draw `j * d + i`).
 //!
 //! The arrays are rounded to `f32` (what the GPU gets); the CPU reference converts those
-//! `f32` values back to `f64` and rotates with exactly them. The GPU side should call these
-//! functions and upload the results rather than re-derive them.
+//! `f32` values back to `f64` and rotates with exactly them. The GPU side calls these
+//! functions and uploads the results rather than re-deriving them; for iso it uploads the
+//! quaternions and builds `L(q)` from them, whose entries are exactly theirs with signs.
 
 /// Stream selector xor-ed into the seed for the turbo signs.
 pub const STREAM_TURBO: u64 = 0x5455_5242_4f00_0001;
