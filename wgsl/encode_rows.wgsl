@@ -1,7 +1,8 @@
 // Workgroup-cooperative encoding of new rows for the rotated codecs (their codes depend on
-// the whole row: norm, rotation, bit packing across words). The caller lists up to ET tokens'
-// rows in enc_dst / enc_src and calls encode_rows; the per-side encode_rows_k / encode_rows_v come
-// from the codec files (empty for codecs encoded by independent tasks: f16, q8, q4).
+// the whole row: norm, rotation, bit packing across words). The caller lists up to ET
+// tokens' rows in enc_dst / enc_src and calls encode_rows; the per-side encode_rows_k /
+// encode_rows_v come from the codec files (empty for codecs encoded by independent tasks:
+// f16, q8, q4).
 
 // enc_dst entry of a row that lies outside this dispatch's segment: computed, not written.
 const NO_ROW: u32 = 0xffffffffu;

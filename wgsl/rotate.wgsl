@@ -81,9 +81,10 @@ fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
 // In-place unnormalised Walsh–Hadamard butterflies on every Hadamard block of `rows` rows,
 // stage by stage (strides 1, 2, 4, ...). For a power-of-two D the stages run four at a time
 // in registers (fwht_lo, fwht_hi): two barriers instead of log2(D), with the same additions
-// in the same order, so the same values (but for the sign of a zero: fwht_hi adds zeros). Each barrier is a round trip through workgroup
-// memory on every decode workgroup's critical path (the query), on split 0's (the encoder)
-// and on the reduce's (the output's un-rotation).
+// in the same order, so the same values (but for the sign of a zero: fwht_hi adds zeros).
+// Each barrier is a round trip through workgroup memory on every decode workgroup's
+// critical path (the query), on split 0's (the encoder) and on the reduce's (the output's
+// un-rotation).
 fn fwht(rows: u32, lid: u32, nt: u32) {
     if (D & (D - 1u)) == 0u && D >= 32u && D <= 256u {
         fwht_lo(rows, lid, nt);
