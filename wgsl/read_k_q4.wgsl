@@ -4,7 +4,7 @@
 fn q4_codes(w: u32) -> array<vec4<f32>, 2> {
     let lo = vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(0xfu);
     let hi = vec4<u32>(w >> 16u, w >> 20u, w >> 24u, w >> 28u) & vec4<u32>(0xfu);
-    return array<vec4<f32>, 2>(vec4<f32>(lo) - 8.0, vec4<f32>(hi) - 8.0);
+    return array<vec4<f32>, 2>(codes_less(lo, 8.0), codes_less(hi, 8.0));
 }
 
 fn k_scores(row: u32) {
