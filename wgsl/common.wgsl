@@ -6,9 +6,10 @@ const NEG: f32 = -3.0e38;
 
 // Codes as exact f32 integers less an offset, without a conversion instruction: a code c < 2^23
 // OR-ed into the mantissa of 2^23 is the float 2^23 + c, and subtracting 2^23 + off is exact.
-// For q4's nibbles this is one LOP3 (mask and exponent) and the FADD, against a mask, a
-// conversion (I2FP) and the FADD. (For q8's bytes it is not used: NVIDIA converts a byte of a
-// word with one I2F.U8, and the two logic instructions here made the q8 loops slower.)
+// Used by q4's K reader: two LOP3s (mask, exponent) and the FADD a code, against a mask, an
+// I2FP and the FADD, measured 3 % faster for K-only q4 on the H200. Not for bytes: NVIDIA
+// converts a byte of a word with one I2F.U8, and this made the q8 loops slower (BENCHMARKS.md,
+// session 13).
 fn codes_less(c: vec4<u32>, off: f32) -> vec4<f32> {
     return bitcast<vec4<f32>>(c | vec4<u32>(0x4b000000u)) - (8388608.0 + off);
 }
