@@ -4,20 +4,23 @@ fn v_load_sym(row: u32, c: u32) -> vec4<f32> {
     let j = c / 8u;
     let sw = unpack2x16float(v_store[v_word(row, V_SIDE_WORD + j / 2u)]);
     let d = select(sw.x, sw.y, j % 2u == 1u);
+    // The 4 codes: q8's 4 bytes of a word, or q4's 4 nibbles of half a word spread into bytes
+    // (even nibbles in e, odd in o), so that each converts with one I2F.U8 on NVIDIA (a mask,
+    // a conversion, a subtraction and a product a nibble before: q4_sym 32k -7 % on the H200;
+    // codes_less's logic instead of I2F.U8 made the q8 loops slower: BENCHMARKS.md, session 13).
+    var q: vec4<u32>;
     if V_BITS == 8u {
-        // d (c - 128) as one fma, exactly: c d and 128 d are exact in the fma's product and
-        // sum, so it rounds once, as the product does. (A byte's f32() is one I2F.U8 on
-        // NVIDIA; the integer-logic conversion of codes_less took two instructions, not one,
-        // and made the q8 loops slower: BENCHMARKS.md, session 13.)
-        return fma(vec4<f32>(unpack4xU8(v_store[v_word(row, c)])), vec4<f32>(d), vec4<f32>(-128.0 * d));
+        q = unpack4xU8(v_store[v_word(row, c)]);
+    } else {
+        let n = v_store[v_word(row, c / 2u)] >> (16u * (c % 2u));
+        let e = unpack4xU8(n & 0x0f0fu);
+        let o = unpack4xU8((n >> 4u) & 0x0f0fu);
+        q = vec4<u32>(e.x, o.x, e.y, o.y);
     }
-    // q4: the 4 nibbles of half a word, spread into bytes (even nibbles in e, odd in o) and
-    // converted as q8's bytes are, one I2F.U8 each, then d (c - 8) as one exact fma: a mask, a
-    // conversion, a subtraction and a product a value before (q4_sym 32k -7 % on the H200).
-    let n = v_store[v_word(row, c / 2u)] >> (16u * (c % 2u));
-    let e = unpack4xU8(n & 0x0f0fu);
-    let o = unpack4xU8((n >> 4u) & 0x0f0fu);
-    return fma(vec4<f32>(vec4<u32>(e.x, o.x, e.y, o.y)), vec4<f32>(d), vec4<f32>(-8.0 * d));
+    // d (q - z), z = 2^(bits - 1), as one fma, exactly: q d and z d are exact in the fma's
+    // product and sum, so it rounds once, as the product does.
+    let z = f32(1u << (V_BITS - 1u));
+    return fma(vec4<f32>(q), vec4<f32>(d), vec4<f32>(-z * d));
 }
 
 fn v_load(row: u32, c: u32) -> array<vec4<f32>, 2> {
