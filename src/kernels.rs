@@ -168,6 +168,8 @@ impl KernelConfig {
             "const V_VSCALE: bool = {};\n",
             self.v.kind.is_rotated() && self.v.scale == ScaleMode::PerVector
         );
+        h += &format!("const K_PAIRS: bool = {};\n", self.k_pairs());
+        h += &c("K_NPAIR", self.k_pair_entries());
         h += &c(
             "QSH",
             if self.k.kind.is_rotated() {
@@ -326,11 +328,40 @@ impl KernelConfig {
             + self.partial_width() * g // comb
             + 1 // len_sh
             + 32 // level tables
+            + self.pair_floats() // K's level-pair table
             + self.diag_len() // diag_sh
             + g.max(er) * rw // rot_sh
             + er * (2 * rw + self.side_max() + 4) // encoder rows
             + 8 * er + 16; // their partial sums of squares, the boundaries
         4 * floats
+    }
+
+    /// Whether the rotated K reader looks its codes up two at a time (`K_PAIRS`, the level-pair
+    /// table `lp_k` in wgsl/read_k_rot.wgsl): for codes of at most 3 bits (a table of at most
+    /// 512 bytes) beside a V that is not rotated. H200, qwen3-8b (BENCHMARKS.md, session 14):
+    /// 3-bit K-only codecs 2.5-4.5 % faster at 32k, the QJL K 3-6 %; 4-bit codes' 2 KiB table
+    /// took the split kernel past about 12 KB of workgroup memory (35-42 % slower, as in session
+    /// 11), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at 32k.
+    fn k_pairs(&self) -> bool {
+        self.k.kind.is_rotated() && self.k.bits <= 3 && !self.v.kind.is_rotated()
+    }
+
+    /// Entries of the level-pair table (1, unused, without [`Self::k_pairs`]).
+    fn k_pair_entries(&self) -> u32 {
+        if self.k_pairs() {
+            1 << (2 * self.k.bits as u32)
+        } else {
+            1
+        }
+    }
+
+    /// Floats of the level-pair table in the split kernel.
+    fn pair_floats(&self) -> u32 {
+        if self.k_pairs() {
+            2 * self.k_pair_entries()
+        } else {
+            0
+        }
     }
 
     /// V values each decode thread accumulates per row: 8 for a rotated V codec (its 8 codes

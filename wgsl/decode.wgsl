@@ -163,6 +163,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     }
     k_load_levels(lid);
     v_load_levels(lid);
+    k_load_pairs(lid);
     // Split 0 encodes the new rows (both sides); the query's rotation needs K's diagonal
     // only when a QJL K keeps it out of the query load (query_task).
     load_diag(lid, WG, s == 0u || K_QJL, s == 0u);

@@ -10,3 +10,6 @@ fn k_scores(row: u32) {
         sc$g = fma4(fma4(sc$g, q_sh[qo$g + 2u * $u], ka$u), q_sh[qo$g + 2u * $u + 1u], kb$u);
     }
 }
+
+// No level-pair table (the rotated K reader's).
+fn k_load_pairs(lid: u32) {}

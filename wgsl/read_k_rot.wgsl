@@ -1,7 +1,32 @@
 // Scores of a rotated-codec K row (turbo / rotor / iso) against the rotated query in rot_sh
 // rows 0..G: per block of 32 codes (K_BITS words, loaded together) the codes are cut out four
-// at a time, looked up in the level table, dotted with the query and scaled by the block's
-// (or the row's) scale. With QJL, the residual's sign bits add the estimator's correction.
+// at a time, looked up in the level table (k_levels4), dotted with the query and scaled by the
+// block's (or the row's) scale. With QJL, the residual's sign bits add the estimator's
+// correction.
+
+// With K_PAIRS (src/kernels.rs says where it pays), the levels of two adjacent codes (the
+// first in the low bits) by their 2 K_BITS-bit field, so that codes are looked up two at a
+// time: half the lookups, and half the shifts and masks that cut the codes out.
+var<workgroup> lp_k: array<vec2<f32>, K_NPAIR>;
+
+fn k_load_pairs(lid: u32) {
+    if K_PAIRS {
+        for (var i = lid; i < K_NPAIR; i += WG) {
+            let lo = i & ((1u << K_BITS) - 1u);
+            lp_k[i] = vec2<f32>(cst(K_LV + lo), cst(K_LV + (i >> K_BITS)));
+        }
+    }
+}
+
+// The levels of the 4 codes in the 4 K_BITS-bit field f: two pair lookups, or four.
+fn k_levels4(f: u32) -> vec4<f32> {
+    if K_PAIRS {
+        let p = (vec2<u32>(f) >> vec2<u32>(0u, 2u * K_BITS)) & vec2<u32>(K_NPAIR - 1u);
+        return vec4<f32>(lp_k[p.x], lp_k[p.y]);
+    }
+    let c = (vec4<u32>(f) >> vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS)) & vec4<u32>((1u << K_BITS) - 1u);
+    return vec4<f32>(lv_k[c.x], lv_k[c.y], lv_k[c.z], lv_k[c.w]);
+}
 
 // The 4 * K_BITS bits from bit `bit` of a block's words (LSB-first; may straddle two words).
 fn k_field(w: vec4<u32>, bit: u32) -> u32 {
@@ -39,8 +64,6 @@ fn k_block_words(base: u32, j: u32) -> vec4<u32> {
 
 fn k_scores(row: u32) {
     let base = (row - row % KB) * K_WORDS + row % KB;
-    let mask = vec4<u32>((1u << K_BITS) - 1u);
-    let shifts = vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS);
     var s = k_half(base, K_SIDE_BIT);
     // Squared norm of the row (QJL with per-block scales).
     var nn = 0.0;
@@ -50,8 +73,7 @@ fn k_scores(row: u32) {
             nn += 32.0 * s * s;
         }
         let w = k_block_words(base, j);
-        let c$k = (vec4<u32>(k_field(w, 4u * $ku * K_BITS)) >> shifts) & mask;
-        let l$k = vec4<f32>(lv_k[c$k.x], lv_k[c$k.y], lv_k[c$k.z], lv_k[c$k.w]);
+        let l$k = k_levels4(k_field(w, 4u * $ku * K_BITS));
         var part$g = 0.0;
         part$g = fma4(part$g, rot_sh[$g * (RW / 4u) + 8u * j + $k], l$k);
         sc$g += s * part$g;
@@ -65,8 +87,7 @@ fn k_scores(row: u32) {
             nn += f32(K_NC - 32u * j) * s * s;
         }
         let w = k_block_words(base, j);
-        let c$t = (vec4<u32>(k_field(w, 4u * $tu * K_BITS)) >> shifts) & mask;
-        let l$t = vec4<f32>(lv_k[c$t.x], lv_k[c$t.y], lv_k[c$t.z], lv_k[c$t.w]);
+        let l$t = k_levels4(k_field(w, 4u * $tu * K_BITS));
         var pt$g = 0.0;
         pt$g = fma4(pt$g, rot_sh[$g * (RW / 4u) + 8u * j + $t], l$t);
         sc$g += s * pt$g;
