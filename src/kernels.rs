@@ -339,9 +339,10 @@ impl KernelConfig {
     /// Whether the rotated K reader looks its codes up two at a time (`K_PAIRS`, the level-pair
     /// table `lp_k` in wgsl/read_k_rot.wgsl): for codes of at most 3 bits (a table of at most
     /// 512 bytes) beside a V that is not rotated. H200, qwen3-8b (BENCHMARKS.md, session 14):
-    /// 3-bit K-only codecs 2.5-4.5 % faster at 32k, the QJL K 3-6 %; 4-bit codes' 2 KiB table
-    /// took the split kernel past about 12 KB of workgroup memory (35-42 % slower, as in session
-    /// 11), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at 32k.
+    /// 3-bit K-only codecs 2.5-4 % faster at 32k, 2-bit 6.5 %, the QJL K 3-6 %; 4-bit codes'
+    /// 2 KiB table took the split kernel past 12 KiB of workgroup memory (33-43 % slower, the
+    /// cliff of session 11), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at
+    /// 32k.
     fn k_pairs(&self) -> bool {
         self.k.kind.is_rotated() && self.k.bits <= 3 && !self.v.kind.is_rotated()
     }
@@ -1100,5 +1101,43 @@ mod tests {
         assert!(!wide.kv_joint());
         assert_eq!(wide.encode_rows(), 1);
         assert!(wide.split_workgroup_bytes() <= 32 * 1024);
+    }
+
+    #[test]
+    fn level_pairs_only_for_small_k_codes_beside_an_unrotated_v_and_under_12_kib() {
+        for (codecs, pairs) in [
+            ("k_turbo2", true),
+            ("k_turbo3", true),
+            ("k_rotor3", true),
+            ("k_iso3b", true),
+            ("k_turbo3+qjl", true),
+            ("k=iso3,v=q8", true),
+            ("k_turbo4", false),
+            ("k_rotor4", false),
+            ("turbo3_sym", false),
+            ("k=turbo3,v=iso3", false),
+            ("none", false),
+            ("q8_sym", false),
+        ] {
+            let c = cfg(codecs, 128);
+            assert_eq!(c.k_pairs(), pairs, "{codecs}");
+            assert_eq!(
+                c.pair_floats(),
+                if pairs { 2 * c.k_pair_entries() } else { 0 }
+            );
+        }
+        // At the shape it was measured on (qwen3-8b: GQA 4, D 128, 128 invocations), the table
+        // keeps every split kernel it is added to under the 12 KiB past which they ran 29-43 %
+        // slower (BENCHMARKS.md, session 14). The QJL kernel was past it before the table.
+        for codecs in [
+            "k_turbo2",
+            "k_turbo3",
+            "k_rotor3",
+            "k_iso3",
+            "k=turbo3,v=q8",
+        ] {
+            let c = cfg(codecs, 128);
+            assert!(c.split_workgroup_bytes() <= 12 * 1024, "{codecs}");
+        }
     }
 }
