@@ -169,7 +169,8 @@ impl KernelConfig {
             self.v.kind.is_rotated() && self.v.scale == ScaleMode::PerVector
         );
         h += &format!("const K_PAIRS: bool = {};\n", self.k_pairs());
-        h += &c("K_NPAIR", self.k_pair_entries());
+        // (A WGSL array needs one entry at least: 1, unused, without pairs.)
+        h += &c("K_NPAIR", self.k_pair_entries().max(1));
         h += &c(
             "QSH",
             if self.k.kind.is_rotated() {
@@ -328,7 +329,7 @@ impl KernelConfig {
             + self.partial_width() * g // comb
             + 1 // len_sh
             + 32 // level tables
-            + self.pair_floats() // K's level-pair table
+            + 2 * self.k_pair_entries() // K's level-pair table
             + self.diag_len() // diag_sh
             + g.max(er) * rw // rot_sh
             + er * (2 * rw + self.side_max() + 4) // encoder rows
@@ -347,19 +348,10 @@ impl KernelConfig {
         self.k.kind.is_rotated() && self.k.bits <= 3 && !self.v.kind.is_rotated()
     }
 
-    /// Entries of the level-pair table (1, unused, without [`Self::k_pairs`]).
+    /// Entries (two levels each) of the level-pair table: 0 without [`Self::k_pairs`].
     fn k_pair_entries(&self) -> u32 {
         if self.k_pairs() {
             1 << (2 * self.k.bits as u32)
-        } else {
-            1
-        }
-    }
-
-    /// Floats of the level-pair table in the split kernel.
-    fn pair_floats(&self) -> u32 {
-        if self.k_pairs() {
-            2 * self.k_pair_entries()
         } else {
             0
         }
@@ -1122,8 +1114,8 @@ mod tests {
             let c = cfg(codecs, 128);
             assert_eq!(c.k_pairs(), pairs, "{codecs}");
             assert_eq!(
-                c.pair_floats(),
-                if pairs { 2 * c.k_pair_entries() } else { 0 }
+                c.k_pair_entries(),
+                if pairs { 1 << (2 * c.k.bits as u32) } else { 0 }
             );
         }
         // At the shape it was measured on (qwen3-8b: GQA 4, D 128, 128 invocations), the table
