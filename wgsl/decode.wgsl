@@ -116,10 +116,12 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
         // every head of the group.
         for (var j = lid; j < D; j += WG) {
             var acc$g = 0.0;
-            // VU loads of S in flight at a time (a lone load per step would wait on each).
-            for (var k = 0u; k < D; k += VU) {
-                let s$v = cst(QJL_S + (k + $vu) * D + j);
-                acc$g += s$v * rs_get($g * RW + k + $vu);
+            // 4 VU loads of S in flight a round (D is a multiple of 32), and the query read a
+            // vec4 at a time: VU loads a round and scalar reads of the query cost about 8 us
+            // of an H200 layer, a third of QJL's 4k step (BENCHMARKS.md, session 15).
+            for (var k = 0u; k < D; k += 4u * VU) {
+                let s$v = vec4<f32>(cst(QJL_S + (k + 4u * $vu) * D + j), cst(QJL_S + (k + 4u * $vu + 1u) * D + j), cst(QJL_S + (k + 4u * $vu + 2u) * D + j), cst(QJL_S + (k + 4u * $vu + 3u) * D + j));
+                acc$g = fma4(acc$g, rot_sh[($g * RW + k) / 4u + $vu], s$v);
             }
             sq_sh[($g * D + j) / 4u][j % 4u] = acc$g;
         }

@@ -101,7 +101,9 @@ fn k_scores(row: u32) {
         var t$g = 0.0;
         for (var j = 0u; j < D / 32u; j++) {
             let w = k_store[base + (K_QJL_WORD + j) * KB];
-            let sgn$k = vec4<f32>((vec4<u32>(w >> (4u * $ku)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) * 2.0 - 1.0;
+            // +-1 built from the bit (moved into the sign bit of -1.0's pattern): two integer ops
+            // a sign, not a shift, a mask, a conversion and an fma.
+            let sgn$k = bitcast<vec4<f32>>(((vec4<u32>(w) << (vec4<u32>(31u, 30u, 29u, 28u) - vec4<u32>(4u * $ku))) & vec4<u32>(0x80000000u)) ^ vec4<u32>(0xbf800000u));
             t$g = fma4(t$g, sq_sh[$g * (D / 4u) + 8u * j + $k], sgn$k);
         }
         sc$g += coef * t$g;
