@@ -133,11 +133,10 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
             let r = i / D;
             let j = i % D;
             var acc = 0.0;
-            // 32 loads of S in flight a round (D is a multiple of 32; 8 a round made this
-            // projection most of split 0's encoding time on an H200, BENCHMARKS.md session 15).
-            for (var k = 0u; k < D; k += 32u) {
-                for (var u = 0u; u < 32u; u++) {
-                    acc = fma(cst(QJL_S + (k + u) * D + j), enc_x[r * RW + k + u], acc);
+            // 8 loads of S in flight at a time (a lone load per step would wait on each).
+            for (var k = 0u; k < D; k += 8u) {
+                for (var u = 0u; u < 8u; u++) {
+                    acc += cst(QJL_S + (k + u) * D + j) * enc_x[r * RW + k + u];
                 }
             }
             rs_set(r * RW + j, select(0.0, 1.0, acc >= 0.0));

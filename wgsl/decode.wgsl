@@ -116,9 +116,10 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
         // every head of the group.
         for (var j = lid; j < D; j += WG) {
             var acc$g = 0.0;
-            // 4 VU loads of S in flight a round (D is a multiple of 32), and the query read a
-            // vec4 at a time: VU loads a round and scalar reads of the query cost about 8 us
-            // of an H200 layer, a third of QJL's 4k step (BENCHMARKS.md, session 15).
+            // The query is read a vec4 at a time (D is a multiple of 32): read a value at a
+            // time, one workgroup-memory read per multiply-add, it made QJL's 4k step 11 %
+            // slower on an H200 (BENCHMARKS.md, session 15; 8 loads of S in flight a round
+            // instead of these 32 ran as fast).
             for (var k = 0u; k < D; k += 4u * VU) {
                 let s$v = vec4<f32>(cst(QJL_S + (k + 4u * $vu) * D + j), cst(QJL_S + (k + 4u * $vu + 1u) * D + j), cst(QJL_S + (k + 4u * $vu + 2u) * D + j), cst(QJL_S + (k + 4u * $vu + 3u) * D + j));
                 acc$g = fma4(acc$g, rot_sh[($g * RW + k) / 4u + $vu], s$v);
