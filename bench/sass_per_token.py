@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Instructions a split kernel issues per token and KV head, from its SASS listing.
+
+Reads the `<codec>-split.sass` listings that `bench/sass.py` writes (from `kernel_stats --dump`)
+and, per kernel, finds the tile loop (the backward branch whose body holds the most FFMA) and
+the V loops nested in it. A full 128-token tile runs the tile loop's own body once per token
+(one invocation scores one token: K phase and softmax) and the batched V loop's body once per
+V_ROWS rows and V column: D / VW columns (VW = 8 values for a rotated V codec, else 4) share a
+token. So per token and KV head:
+
+    K + softmax = tile loop - nested loops;   V = (D / VW) * (V loop / rows in its body)
+
+with the rows of a V-loop body counted from its FFMA (4 query heads x VW values a row). With
+`--gpu CSV` (a sweep CSV) it adds the 32k GPU time and the share of the H200's issue slots
+(132 multiprocessors x 4 schedulers x 1.98 GHz) those instructions fill at that time.
+
+Usage: python3 bench/sass_per_token.py DIR/*-split.sass [--gpu sweep.csv] [--ctx 32768]
+Assumes qwen3-8b's shape (D 128, GQA 4, 8 KV heads, 36 layers).
+"""
+import csv
+import re
+import sys
+
+D, G, KVH, LAYERS = 128, 4, 8, 36
+ISSUE_PER_S = 132 * 4 * 1.98e9
+
+
+def instructions(path):
+    out = []
+    for line in open(path):
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def opcode(text):
+    words = text.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
+def loops(ins):
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+            body = ins[at[int(m.group(1), 16)] : i + 1]
+            ffma = sum(1 for _, t in body if opcode(t).startswith("FFMA"))
+            found.append((int(m.group(1), 16), a, len(body), ffma))
+    return found
+
+
+def per_token(path, codec):
+    all_loops = loops(instructions(path))
+    tile = max(all_loops, key=lambda l: l[3])
+    inner = [l for l in all_loops if l != tile and tile[0] <= l[0] and l[1] <= tile[1]]
+    top = [l for l in inner if not any(o != l and o[0] <= l[0] and l[1] <= o[1] for o in inner)]
+    rotated_v = codec.endswith("_sym") and any(f in codec for f in ("turbo", "rotor", "iso"))
+    vw = 8 if rotated_v else 4
+    k = tile[2] - sum(l[2] for l in top)
+    v_loops = [l for l in top if l[3] >= G * vw]
+    if not v_loops:
+        return k, 0.0, 0.0
+    v = max(v_loops, key=lambda l: l[3])
+    per_row = v[2] / (v[3] / (G * vw))
+    return k, per_row, D / vw * per_row
+
+
+def main(argv):
+    gpu, ctx, files = None, 32768, []
+    it = iter(argv)
+    for a in it:
+        if a == "--gpu":
+            gpu = {(r["codec"], int(r["ctx"])): float(r["gpu_ms"]) for r in csv.DictReader(open(next(it)))}
+        elif a == "--ctx":
+            ctx = int(next(it))
+        else:
+            files.append(a)
+    rows = []
+    for f in files:
+        codec = re.sub(r"-split\.sass$", "", f.split("/")[-1]).replace("_qjl", "+qjl")
+        k, per_row, v = per_token(f, codec)
+        rows.append((codec, k, per_row, v, k + v))
+    rows.sort(key=lambda r: r[4])
+    none = next((r[4] for r in rows if r[0] == "none"), None)
+    head = f"{'codec':14s} {'K+softmax':>9s} {'V/row':>6s} {'V':>6s} {'total':>6s} {'÷none':>6s}"
+    if gpu:
+        head += f" {'gpu ms':>7s} {'issue share':>11s}"
+    print(head)
+    for codec, k, per_row, v, total in rows:
+        line = f"{codec:14s} {k:9.0f} {per_row:6.1f} {v:6.0f} {total:6.0f}"
+        line += f" {total / none:6.2f}" if none else f" {'':6s}"
+        if gpu and (codec, ctx) in gpu:
+            ms = gpu[(codec, ctx)]
+            ideal_ms = total * LAYERS * KVH * ctx / 32 / ISSUE_PER_S * 1e3
+            line += f" {ms:7.3f} {ideal_ms / ms:11.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
