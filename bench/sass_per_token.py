@@ -10,12 +10,21 @@ token. So per token and KV head:
 
     K + softmax = tile loop - nested loops;   V = (D / VW) * (V loop / rows in its body)
 
-with the rows of a V-loop body counted from its FFMA (4 query heads x VW values a row). With
-`--gpu CSV` (a sweep CSV) it adds the 32k GPU time and the share of the H200's issue slots
-(132 multiprocessors x 4 schedulers x 1.98 GHz) those instructions fill at that time.
+with the rows of a V-loop body counted from its FFMA (4 query heads x VW values a row). The
+counts are static: both sides of a branch count, and so does code only some invocations run
+(a few per cent too many for the kernels of session 16).
 
-Usage: python3 bench/sass_per_token.py DIR/*-split.sass [--gpu sweep.csv] [--ctx 32768]
-Assumes qwen3-8b's shape (D 128, GQA 4, 8 KV heads, 36 layers).
+With `--gpu CSV` (one or more sweep CSVs holding the codecs at two contexts, by default 4096
+and 32768; the best GPU time of the files is taken per point) each codec's GPU time is fitted
+as intercept + slope x context. The intercept is what does not grow with the context: the
+reduce, each split's set-up, split 0's encoding, and a short context's partly filled tiles. The
+slope x the long context is the token loops' time. The loop share is the fraction of the H200's
+issue slots (132 multiprocessors x 4 schedulers x 1.98 GHz, the boost clock) that the counted
+instructions fill in that time.
+
+Usage: python3 bench/sass_per_token.py DIR/*-split.sass [--gpu sweep.csv ...] [--ctx 4096,32768]
+Assumes qwen3-8b's shape (D 128, GQA 4, 8 KV heads, 36 layers) and the same split count at both
+contexts (the sweep's `splits` column).
 """
 import csv
 import re
@@ -68,15 +77,22 @@ def per_token(path, codec):
 
 
 def main(argv):
-    gpu, ctx, files = None, 32768, []
+    gpu, lo, hi, files = None, 4096, 32768, []
     it = iter(argv)
     for a in it:
         if a == "--gpu":
-            gpu = {(r["codec"], int(r["ctx"])): float(r["gpu_ms"]) for r in csv.DictReader(open(next(it)))}
+            gpu = gpu or {}
+            for r in csv.DictReader(open(next(it))):
+                key = (r["codec"], int(r["ctx"]))
+                gpu[key] = min(gpu.get(key, float("inf")), float(r["gpu_ms"]))
         elif a == "--ctx":
-            ctx = int(next(it))
+            lo, hi = (int(x) for x in next(it).split(","))
+        elif a.startswith("--"):
+            sys.exit(__doc__)
         else:
             files.append(a)
+    if not files:
+        sys.exit(__doc__)
     rows = []
     for f in files:
         codec = re.sub(r"-split\.sass$", "", f.split("/")[-1]).replace("_qjl", "+qjl")
@@ -86,15 +102,17 @@ def main(argv):
     none = next((r[4] for r in rows if r[0] == "none"), None)
     head = f"{'codec':14s} {'K+softmax':>9s} {'V/row':>6s} {'V':>6s} {'total':>6s} {'÷none':>6s}"
     if gpu:
-        head += f" {'gpu ms':>7s} {'issue share':>11s}"
+        head += f" {'gpu lo':>7s} {'gpu hi':>7s} {'intercept':>9s} {'loops hi':>8s} {'loop share':>10s}"
     print(head)
     for codec, k, per_row, v, total in rows:
         line = f"{codec:14s} {k:9.0f} {per_row:6.1f} {v:6.0f} {total:6.0f}"
         line += f" {total / none:6.2f}" if none else f" {'':6s}"
-        if gpu and (codec, ctx) in gpu:
-            ms = gpu[(codec, ctx)]
-            ideal_ms = total * LAYERS * KVH * ctx / 32 / ISSUE_PER_S * 1e3
-            line += f" {ms:7.3f} {ideal_ms / ms:11.2f}"
+        if gpu and (codec, lo) in gpu and (codec, hi) in gpu:
+            slope = (gpu[(codec, hi)] - gpu[(codec, lo)]) / (hi - lo)
+            loops = slope * hi
+            full_issue_ms = total * LAYERS * KVH * hi / 32 / ISSUE_PER_S * 1e3
+            line += f" {gpu[(codec, lo)]:7.3f} {gpu[(codec, hi)]:7.3f} {gpu[(codec, lo)] - slope * lo:9.3f}"
+            line += f" {loops:8.3f} {full_issue_ms / loops:10.2f}"
         print(line)
 
 
