@@ -61,7 +61,9 @@ def loops(ins):
 
 
 def per_token(path, codec):
-    all_loops = loops(instructions(path))
+    all_loops = [l for l in loops(instructions(path)) if l[3] > 0]
+    if not all_loops:
+        sys.exit(f"{path}: no loop with FFMA in it (not a split kernel's SASS listing?)")
     tile = max(all_loops, key=lambda l: l[3])
     inner = [l for l in all_loops if l != tile and tile[0] <= l[0] and l[1] <= tile[1]]
     top = [l for l in inner if not any(o != l and o[0] <= l[0] and l[1] <= o[1] for o in inner)]
