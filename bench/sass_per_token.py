@@ -3,9 +3,9 @@
 
 Reads the `<codec>-split.sass` listings that `bench/sass.py` writes (from `kernel_stats --dump`)
 and, per kernel, finds the tile loop (the backward branch whose body holds the most FFMA) and
-the V loops nested in it. A full 128-token tile runs the tile loop's own body once per token
-(one invocation scores one token: K phase and softmax) and the batched V loop's body once per
-V_ROWS rows and V column: D / VW columns (VW = 8 values for a rotated V codec, else 4) share a
+the V loops nested in it (loops as `bench/sass.py` finds them). A full 128-token tile runs the
+tile loop's own body once per token (one invocation scores one token: K phase and softmax) and
+the batched V loop's body once per batch of rows and V column: D / VW columns (VW = 8 values for a rotated V codec, else 4) share a
 token. So per token and KV head:
 
     K + softmax = tile loop - nested loops;   V = (D / VW) * (V loop / rows in its body)
@@ -27,41 +27,20 @@ Assumes qwen3-8b's shape (D 128, GQA 4, 8 KV heads, 36 layers) and the same spli
 contexts (the sweep's `splits` column).
 """
 import csv
+import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sass import loops  # noqa: E402  (the loop finder of bench/sass.py)
 
 D, G, KVH, LAYERS = 128, 4, 8, 36
 ISSUE_PER_S = 132 * 4 * 1.98e9
 
 
-def instructions(path):
-    out = []
-    for line in open(path):
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            out.append((int(m.group(1), 16), m.group(2)))
-    return out
-
-
-def opcode(text):
-    words = text.split()
-    return words[1] if words[0].startswith("@") else words[0]
-
-
-def loops(ins):
-    at = {a: i for i, (a, _) in enumerate(ins)}
-    found = []
-    for i, (a, text) in enumerate(ins):
-        m = re.search(r"BRA (0x[0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
-            body = ins[at[int(m.group(1), 16)] : i + 1]
-            ffma = sum(1 for _, t in body if opcode(t).startswith("FFMA"))
-            found.append((int(m.group(1), 16), a, len(body), ffma))
-    return found
-
-
 def per_token(path, codec):
-    all_loops = [l for l in loops(instructions(path)) if l[3] > 0]
+    # (start, end, instructions, FFMA) of every loop with FFMA in it.
+    all_loops = [(lo, hi, n, ops["FFMA"]) for lo, hi, n, ops in loops(open(path).read()) if ops["FFMA"]]
     if not all_loops:
         sys.exit(f"{path}: no loop with FFMA in it (not a split kernel's SASS listing?)")
     tile = max(all_loops, key=lambda l: l[3])
@@ -111,10 +90,10 @@ def main(argv):
         line += f" {total / none:6.2f}" if none else f" {'':6s}"
         if gpu and (codec, lo) in gpu and (codec, hi) in gpu:
             slope = (gpu[(codec, hi)] - gpu[(codec, lo)]) / (hi - lo)
-            loops = slope * hi
+            loops_ms = slope * hi
             full_issue_ms = total * LAYERS * KVH * hi / 32 / ISSUE_PER_S * 1e3
             line += f" {gpu[(codec, lo)]:7.3f} {gpu[(codec, hi)]:7.3f} {gpu[(codec, lo)] - slope * lo:9.3f}"
-            line += f" {loops:8.3f} {full_issue_ms / loops:10.2f}"
+            line += f" {loops_ms:8.3f} {full_issue_ms / loops_ms:10.2f}"
         print(line)
 
 
