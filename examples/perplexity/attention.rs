@@ -1,0 +1,207 @@
+//! The two attention backends of the forward: kvq on the GPU (every token's K/V encoded into
+//! the cache by kvq's own kernels, attention over the stored codes by its decode kernels), and
+//! the f64 CPU reference over the unquantized K/V. Each also reports, per layer, how far its
+//! output is from the reference on the same inputs.
+
+use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, StepIo};
+use rayon::prelude::*;
+
+use crate::model::{Attention, Config, LayerQkv};
+
+/// Exact causal attention in f64 over unquantized `q`, `k`, `v` (`[tokens, heads, head_dim]`):
+/// token `t` attends `0..=t`. Returns f64 `[tokens, q_heads, head_dim]`.
+pub fn exact(cfg: &Config, qkv: &LayerQkv<'_>) -> Vec<f64> {
+    let (hq, hk, d) = (cfg.q_heads, cfg.kv_heads, cfg.head_dim);
+    let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let (q, k, v) = (wide(qkv.q), wide(qkv.k), wide(qkv.v));
+    let scale = 1.0 / (d as f64).sqrt();
+    let tokens = q.len() / (hq * d);
+    (0..tokens)
+        .into_par_iter()
+        .flat_map_iter(|t| {
+            let kv = (t + 1) * hk * d;
+            kvq::reference::attention(
+                &q[t * hq * d..(t + 1) * hq * d],
+                &k[..kv],
+                &v[..kv],
+                hq,
+                hk,
+                d,
+                scale,
+            )
+        })
+        .collect()
+}
+
+/// `‖a − b‖ / ‖b‖` over whole vectors.
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y).powi(2);
+        den += y * y;
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The f64 reference as the model's attention (error 0 by definition).
+pub struct Exact {
+    cfg: Config,
+    /// Per-layer relative error against the reference (all 0 here).
+    pub layer_err: Vec<f64>,
+}
+
+impl Exact {
+    /// A reference backend for `cfg`'s shapes.
+    pub fn new(cfg: &Config) -> Exact {
+        Exact {
+            cfg: cfg.clone(),
+            layer_err: Vec::new(),
+        }
+    }
+}
+
+impl Attention for Exact {
+    fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
+        self.layer_err.push(0.0);
+        Ok(exact(&self.cfg, qkv)
+            .into_iter()
+            .map(|x| x as f32)
+            .collect())
+    }
+}
+
+fn buffer(ctx: &GpuContext, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes,
+        usage,
+        mapped_at_creation: false,
+    })
+}
+
+/// kvq as the model's attention: a cache of `cfg`'s shape holding `tokens` positions per
+/// layer. A layer's tokens run as that many fused decode steps (token `t` appends its K/V and
+/// attends with its query over `0..=t`), all recorded into one command buffer: the host
+/// uploads the layer's Q/K/V once and reads its outputs back once; between steps the GPU
+/// copies each token's slices into the step's buffers.
+pub struct Kvq {
+    cfg: Config,
+    ctx: GpuContext,
+    cache: KvCache,
+    step: StepIo,
+    /// Every token's K, V, Q and output: `[tokens, heads, head_dim]` f32.
+    all: [wgpu::Buffer; 4],
+    /// One token's K, V, Q and output, bound to `step`.
+    one: [wgpu::Buffer; 4],
+    readback: wgpu::Buffer,
+    /// Per-layer relative error of kvq's output against [`exact`] on the same inputs.
+    pub layer_err: Vec<f64>,
+}
+
+impl Kvq {
+    /// A cache with `codecs` for up to `tokens` positions on `ctx`'s device.
+    pub fn new(
+        ctx: &GpuContext,
+        cfg: &Config,
+        codecs: KvCodecs,
+        tokens: u32,
+    ) -> Result<Kvq, String> {
+        let spec = CacheSpec::new(
+            cfg.layers as u32,
+            cfg.q_heads as u32,
+            cfg.kv_heads as u32,
+            cfg.head_dim as u32,
+            tokens,
+        )
+        .with_codecs(codecs);
+        let cache = KvCache::new(ctx, spec).map_err(|e| e.to_string())?;
+        let kv_row = (cfg.kv_heads * cfg.head_dim * 4) as u64;
+        let q_row = (cfg.q_heads * cfg.head_dim * 4) as u64;
+        let rows = [kv_row, kv_row, q_row, q_row];
+        use wgpu::BufferUsages as U;
+        let all =
+            rows.map(|r| buffer(ctx, "ppl all", r * tokens as u64, U::COPY_SRC | U::COPY_DST));
+        let one = rows.map(|r| buffer(ctx, "ppl one", r, U::STORAGE | U::COPY_SRC | U::COPY_DST));
+        let readback = buffer(
+            ctx,
+            "ppl readback",
+            q_row * tokens as u64,
+            U::MAP_READ | U::COPY_DST,
+        );
+        let step = cache
+            .step_io(&one[0], &one[1], 1, InputType::F32, &one[2], &one[3])
+            .map_err(|e| e.to_string())?;
+        Ok(Kvq {
+            cfg: cfg.clone(),
+            ctx: ctx.clone(),
+            cache,
+            step,
+            all,
+            one,
+            readback,
+            layer_err: Vec::new(),
+        })
+    }
+
+    /// Stored bits per value of K and of V.
+    pub fn bits(&self) -> (f64, f64) {
+        let c = self.cache.spec().codecs;
+        let d = self.cfg.head_dim as u32;
+        (c.k.bits_per_value(d), c.v.bits_per_value(d))
+    }
+
+    fn run_layer(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
+        let layer = qkv.layer as u32;
+        let len = self.cache.len(layer, 0).map_err(|e| e.to_string())?;
+        if len != 0 {
+            return Err(format!("layer {layer} already holds {len} tokens"));
+        }
+        let q = &self.ctx.queue;
+        for (buf, data) in self.all.iter().zip([qkv.k, qkv.v, qkv.q]) {
+            q.write_buffer(buf, 0, bytemuck::cast_slice(data));
+        }
+        let tokens = (qkv.q.len() / (self.cfg.q_heads * self.cfg.head_dim)) as u64;
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        for t in 0..tokens {
+            for i in 0..3 {
+                let row = self.one[i].size();
+                enc.copy_buffer_to_buffer(&self.all[i], t * row, &self.one[i], 0, row);
+            }
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.cache
+                .step_in_pass(&mut pass, layer, &self.step)
+                .map_err(|e| e.to_string())?;
+            drop(pass);
+            let row = self.one[3].size();
+            enc.copy_buffer_to_buffer(&self.one[3], 0, &self.all[3], t * row, row);
+        }
+        let bytes = tokens * self.one[3].size();
+        enc.copy_buffer_to_buffer(&self.all[3], 0, &self.readback, 0, bytes);
+        q.submit([enc.finish()]);
+        let slice = self.readback.slice(..bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| format!("GPU: {e}"))?;
+        rx.recv()
+            .map_err(|e| format!("GPU: {e}"))?
+            .map_err(|e| format!("GPU: {e}"))?;
+        let view = slice.get_mapped_range().map_err(|e| format!("GPU: {e}"))?;
+        let out = bytemuck::cast_slice::<u8, f32>(&view).to_vec();
+        drop(view);
+        self.readback.unmap();
+        Ok(out)
+    }
+}
+
+impl Attention for Kvq {
+    fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
+        let out = self.run_layer(qkv)?;
+        self.layer_err.push(rel_err(&out, &exact(&self.cfg, qkv)));
+        Ok(out)
+    }
+}

