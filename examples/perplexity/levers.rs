@@ -7,6 +7,10 @@
 //! - `kmean`: subtract K's per-channel mean over the first `calib` tokens (frozen, per KV
 //!   head) before encoding; decode adds it back, which a kernel does exactly by adding `q·μ`
 //!   to every quantized token's score (softmax would even ignore a common shift).
+//! - `kscale`: divide each K channel by its root-mean-square over the calibration tokens
+//!   (after `kmean`) before encoding and multiply it back after decoding: a kernel multiplies
+//!   the query by the same per-channel scales once per step, so no score changes but the
+//!   codec's; outlier channels no longer set the scale of the whole block or vector.
 //! - `vmean`: the same for V; a kernel adds `μ` times the quantized tokens' share of the
 //!   attention weight to the output.
 //! - `had`: a random-sign Walsh–Hadamard transform of each K and V vector before the codec
@@ -26,6 +30,8 @@ use crate::model::{Attention, Config, LayerQkv};
 pub struct Levers {
     /// Subtract K's per-channel calibration mean.
     pub k_mean: bool,
+    /// Scale K's channels by their calibration RMS.
+    pub k_scale: bool,
     /// Subtract V's per-channel calibration mean.
     pub v_mean: bool,
     /// Random-sign Hadamard before the codec.
@@ -47,10 +53,15 @@ impl Levers {
         for part in s.split('+').filter(|p| *p != "ref") {
             match part {
                 "kmean" => l.k_mean = true,
+                "kscale" => l.k_scale = true,
                 "vmean" => l.v_mean = true,
                 "had" => l.hadamard = true,
                 "sink" => l.sink = true,
-                _ => return Err(format!("unknown lever '{part}' (kmean, vmean, had, sink)")),
+                _ => {
+                    return Err(format!(
+                        "unknown lever '{part}' (kmean, kscale, vmean, had, sink)"
+                    ));
+                }
             }
         }
         Ok(l)
@@ -61,6 +72,7 @@ impl Levers {
         let mut v = Vec::new();
         for (on, n) in [
             (self.k_mean, "kmean"),
+            (self.k_scale, "kscale"),
             (self.v_mean, "vmean"),
             (self.hadamard, "had"),
             (self.sink, "sink"),
@@ -136,8 +148,9 @@ impl Sim {
         })
     }
 
-    /// Rows `[tokens, kv_heads, d]` through the codec with the levers; `mean` on or off.
-    fn roundtrip(&self, x: &[f32], codec: &CodecRef, mean: bool) -> Vec<f32> {
+    /// Rows `[tokens, kv_heads, d]` through the codec with the levers; `mean` and `scale`
+    /// on or off.
+    fn roundtrip(&self, x: &[f32], codec: &CodecRef, mean: bool, scale: bool) -> Vec<f32> {
         let (hk, d) = (self.cfg.kv_heads, self.cfg.head_dim);
         let tokens = x.len() / (hk * d);
         let l = &self.levers;
@@ -152,6 +165,16 @@ impl Sim {
                     }
                 }
             }
+            let mut sc = vec![1f64; d];
+            if scale {
+                for (c, s) in sc.iter_mut().enumerate() {
+                    let ms = (0..calib)
+                        .map(|t| (x[(t * hk + h) * d + c] as f64 - mu[c]).powi(2))
+                        .sum::<f64>()
+                        / calib as f64;
+                    *s = ms.sqrt().max(1e-6);
+                }
+            }
             for t in 0..tokens {
                 let row = &x[(t * hk + h) * d..][..d];
                 let dst = &mut out[(t * hk + h) * d..][..d];
@@ -161,7 +184,7 @@ impl Sim {
                     }
                     continue;
                 }
-                let mut y: Vec<f64> = row.iter().zip(&mu).map(|(&v, m)| v as f64 - m).collect();
+                let mut y: Vec<f64> = (0..d).map(|c| (row[c] as f64 - mu[c]) / sc[c]).collect();
                 if l.hadamard {
                     y.iter_mut().zip(&self.signs).for_each(|(v, s)| *v *= s);
                     fwht(&mut y);
@@ -172,8 +195,8 @@ impl Sim {
                     fwht(&mut z);
                     z.iter_mut().zip(&self.signs).for_each(|(v, s)| *v *= s);
                 }
-                for ((o, v), m) in dst.iter_mut().zip(z).zip(&mu) {
-                    *o = (v + m) as f32;
+                for (c, (o, v)) in dst.iter_mut().zip(z).enumerate() {
+                    *o = (v * sc[c] + mu[c]) as f32;
                 }
             }
         }
@@ -183,8 +206,9 @@ impl Sim {
 
 impl Attention for Sim {
     fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
-        let k = self.roundtrip(qkv.k, &self.k, self.levers.k_mean);
-        let v = self.roundtrip(qkv.v, &self.v, self.levers.v_mean);
+        let l = self.levers;
+        let k = self.roundtrip(qkv.k, &self.k, l.k_mean, l.k_scale);
+        let v = self.roundtrip(qkv.v, &self.v, l.v_mean, false);
         let quant = LayerQkv {
             layer: qkv.layer,
             q: qkv.q,

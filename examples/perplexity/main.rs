@@ -53,8 +53,10 @@ const USAGE: &str =
   --levers LIST  also run each codec through its CPU reference with candidate levers, e.g.
                  ref,kmean,kmean+sink,had+kmean+sink (see levers.rs; rows <codec>@<levers>)
   --calib N      calibration / exact tokens of the levers (default 16)
+  --levers-only  run only the lever rows (and exact, none): not the codecs' GPU rows
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
-  --plot FILE    KL divergence against stored bits per value, SVG";
+  --plot FILE    KL divergence against stored bits per value, SVG
+  --replot CSV   with --plot: draw the plot again from a CSV written earlier (no model, no GPU)";
 
 /// The configurations README.md and QUALITY.md recommend (the CSV's `recommended` column).
 pub const RECOMMENDED: &[&str] = &["q8_sym", "k_q8", "turbo4_sym"];
@@ -66,6 +68,7 @@ struct Args {
     model: Option<PathBuf>,
     csv: Option<PathBuf>,
     plot: Option<PathBuf>,
+    replot: Option<PathBuf>,
 }
 
 impl Args {
@@ -96,13 +99,18 @@ fn parse_args() -> Result<Args, String> {
         model: None,
         csv: None,
         plot: None,
+        replot: None,
     };
     let mut names = KvCodecs::all_names();
-    let (mut lever_list, mut calib) = (None, 16);
+    let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
+        }
+        if flag == "--levers-only" {
+            levers_only = true;
+            continue;
         }
         let val = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -115,6 +123,7 @@ fn parse_args() -> Result<Args, String> {
             "--calib" => calib = val.parse().map_err(|_| format!("bad --calib {val}"))?,
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
+            "--replot" => a.replot = Some(val.into()),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -128,6 +137,14 @@ fn parse_args() -> Result<Args, String> {
     }
     if let Some(list) = lever_list {
         a.lever_rows(&list, calib)?;
+        if levers_only {
+            a.codecs.retain(|c| match c {
+                Cache::Kvq(k) => *k == KvCodecs::NONE,
+                _ => true,
+            });
+        }
+    } else if levers_only {
+        return Err("--levers-only needs --levers".into());
     }
     Ok(a)
 }
@@ -232,15 +249,52 @@ fn print_table(rows: &[Row], tokens: usize, device: &str) {
     println!("* recommended");
 }
 
+/// A plotted configuration: name, mean stored bits per value of K and V, KL divergence.
+type PlotPoint = (String, f64, f64);
+
+/// The points of `rows`: every quantized configuration (`exact` and `none` left out).
+fn plot_points(rows: &[Row]) -> Vec<PlotPoint> {
+    rows.iter()
+        .filter(|r| r.scores.kld > 0.0 && r.name != "exact")
+        .map(|r| {
+            (
+                r.name.clone(),
+                (r.run.bits.0 + r.run.bits.1) / 2.0,
+                r.scores.kld,
+            )
+        })
+        .collect()
+}
+
+/// The points of a CSV this example wrote (`--replot`).
+fn csv_points(path: &PathBuf) -> Result<Vec<PlotPoint>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut pts = Vec::new();
+    for line in text.lines().skip(1) {
+        // A quoted name holds commas (k=q4,v=q8): split it off first.
+        let (name, rest) = match line.strip_prefix('"') {
+            Some(l) => l.split_once("\",").ok_or("unterminated quote")?,
+            None => line.split_once(',').ok_or("short line")?,
+        };
+        let f: Vec<f64> = rest
+            .split(',')
+            .take(6)
+            .map(|v| v.parse().unwrap_or(f64::NAN))
+            .collect();
+        let [bk, bv, _, _, _, kld] = f[..] else {
+            return Err(format!("{}: bad line '{line}'", path.display()));
+        };
+        if kld > 0.0 && name != "exact" {
+            pts.push((name.to_string(), (bk + bv) / 2.0, kld));
+        }
+    }
+    Ok(pts)
+}
+
 /// KL divergence (log scale) against mean stored bits per value, one labelled point per
 /// configuration; K-only codecs hollow, K+V filled.
-fn plot(path: &PathBuf, rows: &[Row], title: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn plot(path: &PathBuf, pts: &[PlotPoint], title: &str) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    let pts: Vec<(&Row, f64, f64)> = rows
-        .iter()
-        .filter(|r| r.scores.kld > 0.0)
-        .map(|r| (r, (r.run.bits.0 + r.run.bits.1) / 2.0, r.scores.kld))
-        .collect();
     if pts.is_empty() {
         return Err("no quantized configuration to plot".into());
     }
@@ -259,11 +313,12 @@ fn plot(path: &PathBuf, rows: &[Row], title: &str) -> Result<(), Box<dyn std::er
         .configure_mesh()
         .x_desc("stored bits per value (mean of K and V; f16 = 16)")
         .y_desc("KL divergence from the f16 cache (nats, log scale)")
+        .y_label_formatter(&|y| format!("{y:.0e}"))
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 16))
         .draw()?;
-    for (r, x, y) in &pts {
-        let base = r.name.split('@').next().unwrap_or(&r.name);
+    for (i, (name, x, y)) in pts.iter().enumerate() {
+        let base = name.split('@').next().unwrap_or(name);
         let kv = KvCodecs::parse(base).is_ok_and(|c| c.v != kvq::Codec::NONE);
         let color = if kv {
             RGBColor(31, 119, 180)
@@ -276,9 +331,11 @@ fn plot(path: &PathBuf, rows: &[Row], title: &str) -> Result<(), Box<dyn std::er
             color.stroke_width(2)
         };
         chart.draw_series([Circle::new((*x, *y), 5, style)])?;
+        // Labels alternate above and below their points: codecs of one width cluster.
+        let dy = if i % 2 == 0 { 1.12 } else { 1.0 / 1.18 };
         chart.draw_series([Text::new(
-            r.name.clone(),
-            (*x, *y),
+            name.clone(),
+            (*x + 0.12, *y * dy),
             ("sans-serif", 13).into_font().color(&color),
         )])?;
     }
@@ -308,6 +365,14 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
+    if let Some(csv) = &args.replot {
+        let p = args.plot.as_ref().ok_or("--replot needs --plot FILE.svg")?;
+        let title = format!(
+            "KL divergence from the f16 cache by stored bits ({})",
+            csv.display()
+        );
+        return plot(p, &csv_points(csv)?, &title).map_err(|e| format!("{}: {e}", p.display()));
+    }
     let setup = Setup::new(
         &harness::model_path(args.model.clone())?,
         &args.text,
@@ -385,7 +450,7 @@ fn run(args: &Args) -> Result<(), String> {
             "SmolLM2-135M, {} tokens: KL divergence from the f16 cache by stored bits",
             setup.tokens.len()
         );
-        plot(p, &rows, &title).map_err(|e| format!("{}: {e}", p.display()))?;
+        plot(p, &plot_points(&rows), &title).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
 }
