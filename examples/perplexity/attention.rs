@@ -1,7 +1,6 @@
 //! The two attention backends of the forward: kvq on the GPU (every token's K/V encoded into
 //! the cache by kvq's own kernels, attention over the stored codes by its decode kernels), and
-//! the f64 CPU reference over the unquantized K/V. Each also reports, per layer, how far its
-//! output is from the reference on the same inputs.
+//! the f64 CPU reference over the unquantized K/V.
 
 use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, StepIo};
 use rayon::prelude::*;
@@ -43,30 +42,12 @@ pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// The f64 reference as the model's attention (error 0 by definition).
-pub struct Exact {
-    cfg: Config,
-    /// Per-layer relative error against the reference (all 0 here).
-    pub layer_err: Vec<f64>,
-}
-
-impl Exact {
-    /// A reference backend for `cfg`'s shapes.
-    pub fn new(cfg: &Config) -> Exact {
-        Exact {
-            cfg: cfg.clone(),
-            layer_err: Vec::new(),
-        }
-    }
-}
+/// The f64 reference as the model's attention.
+pub struct Exact(pub Config);
 
 impl Attention for Exact {
     fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
-        self.layer_err.push(0.0);
-        Ok(exact(&self.cfg, qkv)
-            .into_iter()
-            .map(|x| x as f32)
-            .collect())
+        Ok(exact(&self.0, qkv).into_iter().map(|x| x as f32).collect())
     }
 }
 
@@ -94,8 +75,6 @@ pub struct Kvq {
     /// One token's K, V, Q and output, bound to `step`.
     one: [wgpu::Buffer; 4],
     readback: wgpu::Buffer,
-    /// Per-layer relative error of kvq's output against [`exact`] on the same inputs.
-    pub layer_err: Vec<f64>,
 }
 
 impl Kvq {
@@ -139,15 +118,7 @@ impl Kvq {
             all,
             one,
             readback,
-            layer_err: Vec::new(),
         })
-    }
-
-    /// Stored bits per value of K and of V.
-    pub fn bits(&self) -> (f64, f64) {
-        let c = self.cache.spec().codecs;
-        let d = self.cfg.head_dim as u32;
-        (c.k.bits_per_value(d), c.v.bits_per_value(d))
     }
 
     fn run_layer(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
@@ -200,8 +171,6 @@ impl Kvq {
 
 impl Attention for Kvq {
     fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
-        let out = self.run_layer(qkv)?;
-        self.layer_err.push(rel_err(&out, &exact(&self.cfg, qkv)));
-        Ok(out)
+        self.run_layer(qkv)
     }
 }

@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use kvq::{GpuContext, KvCodecs};
 
-use crate::attention::{Exact, Kvq};
+use crate::attention::{Exact, Kvq, exact, rel_err};
 use crate::levers::{Levers, Sim};
 use crate::metrics::log_probs;
-use crate::model::{Attention, Model};
+use crate::model::{Attention, Config, LayerQkv, Model};
 use crate::tokenize::{encode, tokenizer};
 
 /// Where `bench/fetch-smollm2.sh` puts the model.
@@ -114,48 +114,55 @@ impl Setup {
     /// Runs the forward with `cache`; `progress` is called after each layer.
     pub fn run(&self, cache: Cache, progress: &mut dyn FnMut()) -> Result<Run, String> {
         let cfg = &self.model.cfg;
+        let d = cfg.head_dim as u32;
         let start = Instant::now();
-        struct Counting<'a, A> {
-            inner: A,
-            progress: &'a mut dyn FnMut(),
-        }
-        impl<A: Attention> Attention for Counting<'_, A> {
-            fn attend(&mut self, qkv: &crate::model::LayerQkv<'_>) -> Result<Vec<f32>, String> {
-                let out = self.inner.attend(qkv);
-                (self.progress)();
-                out
-            }
-        }
-        let (logits, layer_err, bits) = match cache {
-            Cache::Exact => {
-                let mut a = Counting {
-                    inner: Exact::new(cfg),
-                    progress,
+        let (inner, bits): (Box<dyn Attention>, _) = match cache {
+            Cache::Exact => (Box::new(Exact(cfg.clone())), (32.0, 32.0)),
+            Cache::Kvq(c) | Cache::Sim(c, _) => {
+                let bits = (c.k.bits_per_value(d), c.v.bits_per_value(d));
+                let a: Box<dyn Attention> = match cache {
+                    Cache::Sim(_, levers) => Box::new(Sim::new(cfg, c, levers)?),
+                    _ => Box::new(Kvq::new(&self.ctx, cfg, c, self.tokens.len() as u32)?),
                 };
-                let logits = self.model.forward(&self.tokens, &mut a)?;
-                (logits, a.inner.layer_err, (32.0, 32.0))
-            }
-            Cache::Kvq(codecs) => {
-                let inner = Kvq::new(&self.ctx, cfg, codecs, self.tokens.len() as u32)?;
-                let bits = inner.bits();
-                let mut a = Counting { inner, progress };
-                let logits = self.model.forward(&self.tokens, &mut a)?;
-                (logits, a.inner.layer_err, bits)
-            }
-            Cache::Sim(codecs, levers) => {
-                let inner = Sim::new(cfg, codecs, levers)?;
-                let mut a = Counting { inner, progress };
-                let logits = self.model.forward(&self.tokens, &mut a)?;
-                let d = cfg.head_dim as u32;
-                let bits = (codecs.k.bits_per_value(d), codecs.v.bits_per_value(d));
-                (logits, a.inner.layer_err, bits)
+                (a, bits)
             }
         };
+        let mut m = Measured {
+            inner,
+            cfg,
+            reference: !matches!(cache, Cache::Exact),
+            layer_err: Vec::new(),
+            progress,
+        };
+        let logits = self.model.forward(&self.tokens, &mut m)?;
         Ok(Run {
             log_probs: log_probs(&logits, cfg.vocab),
-            layer_err,
+            layer_err: m.layer_err,
             bits,
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+}
+
+/// A backend with each layer's output error against the f64 reference on the same inputs
+/// (0 for the reference itself), and progress after each layer.
+struct Measured<'a> {
+    inner: Box<dyn Attention>,
+    cfg: &'a Config,
+    reference: bool,
+    layer_err: Vec<f64>,
+    progress: &'a mut dyn FnMut(),
+}
+
+impl Attention for Measured<'_> {
+    fn attend(&mut self, qkv: &LayerQkv<'_>) -> Result<Vec<f32>, String> {
+        let out = self.inner.attend(qkv)?;
+        self.layer_err.push(if self.reference {
+            rel_err(&out, &exact(self.cfg, qkv))
+        } else {
+            0.0
+        });
+        (self.progress)();
+        Ok(out)
     }
 }

@@ -20,9 +20,9 @@
 //!   them.
 
 use kvq::KvCodecs;
-use kvq::codec::CodecRef;
+use kvq::codec::{CodecRef, rotation};
 
-use crate::attention::{exact, rel_err};
+use crate::attention::exact;
 use crate::model::{Attention, Config, LayerQkv};
 
 /// Which levers a run applies.
@@ -94,28 +94,12 @@ pub struct Sim {
     k: CodecRef,
     v: CodecRef,
     levers: Levers,
-    signs: Vec<f64>,
-    /// Per-layer relative error against exact attention over the unquantized K/V.
-    pub layer_err: Vec<f64>,
+    /// Random signs of the `had` lever's Hadamard: not the turbo codec's, which would undo it.
+    signs: Vec<f32>,
 }
 
-/// In-place orthonormal Walsh–Hadamard transform (length a power of two).
-fn fwht(x: &mut [f64]) {
-    let n = x.len();
-    let mut h = 1;
-    while h < n {
-        for i in (0..n).step_by(2 * h) {
-            for j in i..i + h {
-                let (a, b) = (x[j], x[j + h]);
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
-        }
-        h *= 2;
-    }
-    let s = 1.0 / (n as f64).sqrt();
-    x.iter_mut().for_each(|v| *v *= s);
-}
+/// Seed offset of the `had` lever's signs.
+const HAD_SEED: u64 = 0x6861_6461_6d61_7264;
 
 impl Sim {
     /// A simulation of `codecs` (no QJL) with `levers`.
@@ -123,28 +107,16 @@ impl Sim {
         if codecs.k.qjl {
             return Err("levers: QJL is not simulated".into());
         }
-        if levers.hadamard && !cfg.head_dim.is_power_of_two() {
-            return Err("levers: had needs a power-of-two head_dim".into());
-        }
         let d = cfg.head_dim as u32;
         let seed = kvq::CacheSpec::new(1, 1, 1, d, 1).seed;
         let r = |c| CodecRef::new(c, d, seed).map_err(|e| e.to_string());
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let signs = (0..cfg.head_dim)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if s & 1 == 0 { 1.0 } else { -1.0 }
-            })
-            .collect();
+        let signs = rotation::turbo_signs(seed ^ HAD_SEED, cfg.head_dim);
         Ok(Sim {
             cfg: cfg.clone(),
             k: r(codecs.k)?,
             v: r(codecs.v)?,
             levers,
             signs,
-            layer_err: Vec::new(),
         })
     }
 
@@ -186,14 +158,12 @@ impl Sim {
                 }
                 let mut y: Vec<f64> = (0..d).map(|c| (row[c] as f64 - mu[c]) / sc[c]).collect();
                 if l.hadamard {
-                    y.iter_mut().zip(&self.signs).for_each(|(v, s)| *v *= s);
-                    fwht(&mut y);
+                    rotation::turbo_forward(&self.signs, &mut y);
                 }
                 let yf: Vec<f32> = y.iter().map(|&v| v as f32).collect();
                 let mut z = codec.decode(&codec.encode(&yf));
                 if l.hadamard {
-                    fwht(&mut z);
-                    z.iter_mut().zip(&self.signs).for_each(|(v, s)| *v *= s);
+                    rotation::turbo_inverse(&self.signs, &mut z);
                 }
                 for (c, (o, v)) in dst.iter_mut().zip(z).enumerate() {
                     *o = (v * sc[c] + mu[c]) as f32;
@@ -215,11 +185,9 @@ impl Attention for Sim {
             k: &k,
             v: &v,
         };
-        let out: Vec<f32> = exact(&self.cfg, &quant)
+        Ok(exact(&self.cfg, &quant)
             .into_iter()
             .map(|x| x as f32)
-            .collect();
-        self.layer_err.push(rel_err(&out, &exact(&self.cfg, qkv)));
-        Ok(out)
+            .collect())
     }
 }

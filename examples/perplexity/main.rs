@@ -44,8 +44,8 @@ const USAGE: &str =
     "usage: perplexity [--codecs LIST|all] [--tokens N] [--text FILE] [--model GGUF]
                   [--csv FILE] [--plot FILE.svg]
   --codecs LIST  cache configurations (kvq names, e.g. none,q8_sym,k_turbo3; default all:
-                 every name of KvCodecs::all_names()); `exact` (the f64 CPU reference) and
-                 `none` (the f16 cache, the baseline) always run first
+                 every name of KvCodecs::all_names()); `none` (the f16 cache, the baseline)
+                 and `exact` (the f64 CPU reference) always run first
   --tokens N     tokens of the text to score (default 600)
   --text FILE    the text (default /usr/share/common-licenses/GPL-3)
   --model GGUF   the model (default $KVQ_MODEL, else .models/SmolLM2-135M-Instruct.Q4_1.gguf,
@@ -127,7 +127,7 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
-    a.codecs = vec![Cache::Exact, Cache::Kvq(KvCodecs::NONE)];
+    a.codecs = vec![Cache::Kvq(KvCodecs::NONE), Cache::Exact];
     for n in names
         .iter()
         .filter(|n| !["exact", "none"].contains(&n.as_str()))
@@ -397,26 +397,18 @@ fn run(args: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?,
     );
     let mut rows: Vec<Row> = Vec::new();
+    // `none` runs first: the baseline every run is scored against.
     let mut base: Option<(Vec<f32>, f64)> = None;
     for (i, cache) in args.codecs.iter().enumerate() {
         bar.set_message(cache.name());
-        let run = setup.run(*cache, &mut || bar.inc(1))?;
-        if matches!(cache, Cache::Kvq(c) if *c == KvCodecs::NONE) {
-            let ppl = metrics::perplexity(&run.log_probs, cfg.vocab, &setup.tokens);
-            base = Some((run.log_probs.clone(), ppl));
-            // The exact row ran before the baseline existed: score it now.
-            for r in rows.iter_mut() {
-                r.scores = score(&r.run.log_probs, &run.log_probs, cfg.vocab, &setup.tokens);
-                r.dppl_pct = (r.scores.ppl / ppl - 1.0) * 100.0;
-            }
-        }
-        let scores = match &base {
-            Some((b, _)) => score(&run.log_probs, b, cfg.vocab, &setup.tokens),
-            None => score(&run.log_probs, &run.log_probs, cfg.vocab, &setup.tokens),
-        };
-        let dppl_pct = base
-            .as_ref()
-            .map_or(0.0, |(_, p)| (scores.ppl / p - 1.0) * 100.0);
+        let mut run = setup.run(*cache, &mut || bar.inc(1))?;
+        let lp = std::mem::take(&mut run.log_probs);
+        let (b, base_ppl) = base.get_or_insert_with(|| {
+            let ppl = metrics::perplexity(&lp, cfg.vocab, &setup.tokens);
+            (lp.clone(), ppl)
+        });
+        let scores = score(&lp, b, cfg.vocab, &setup.tokens);
+        let dppl_pct = (scores.ppl / *base_ppl - 1.0) * 100.0;
         let line = format!(
             "[{}/{}] {}: PPL {:.3}, KLD {:.4}, top-1 {:.3} ({:.1} s)",
             i + 1,
