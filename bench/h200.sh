@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the H200 device machine: the PyTorch SDPA anchor and a kvq sweep in one session, so
 # the ratios are side by side. Usage: bash bench/h200.sh OUTDIR [sweep args...]
-# Needs .gl/ (libvulkan1 and the glvnd libraries as .debs, see ../shared/bench/README.md) and
+# Needs .gl/ (libvulkan1 and the glvnd libraries as .debs, see BENCHMARKS.md, "On the H200") and
 # target/release/examples/sweep carried along.
 set -u
 out=${1:?outdir}; shift

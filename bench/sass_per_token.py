@@ -12,7 +12,7 @@ token. So per token and KV head:
 
 with the rows of a V-loop body counted from its FFMA (4 query heads x VW values a row). The
 counts are static: both sides of a branch count, and so does code only some invocations run
-(a few per cent too many for the kernels of session 16).
+(a few per cent too many for today's kernels).
 
 With `--gpu CSV` (one or more sweep CSVs holding the codecs at two contexts, by default 4096
 and 32768; the best GPU time of the files is taken per point) each codec's GPU time is fitted

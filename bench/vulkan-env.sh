@@ -1,5 +1,5 @@
 # Sourced by the H200 scripts: unpacks the Vulkan loader and glvnd libraries carried in .gl/
-# (see ../shared/bench/README.md) and points wgpu at the NVIDIA Vulkan driver.
+# (see BENCHMARKS.md, "On the H200") and points wgpu at the NVIDIA Vulkan driver.
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json

@@ -3,7 +3,7 @@
 //! entry point. wgpu does not expose these statistics, so this example translates the same
 //! WGSL to SPIR-V with naga (with wgpu's Vulkan options) and compiles it with ash on a Vulkan
 //! device of its own. Registers per invocation decide how many decode workgroups a
-//! multiprocessor holds at once (BENCHMARKS.md, sessions 4 and 5, has the H200's counts).
+//! multiprocessor holds at once (BENCHMARKS.md, "Split count: one wave of resident workgroups", has the H200's counts).
 //!
 //! `cargo run --release --example kernel_stats -- --model qwen3-8b --ctx 32768 --codecs all`
 //! (`--splits` defaults to 64 and `--wg` to 128, the common GPU case; the split count is a
@@ -12,7 +12,7 @@
 //! `--dump DIR` also writes each pipeline's SPIR-V and its Vulkan pipeline-cache data
 //! (`DIR/<codec>-<entry>.{spv,cache}`). NVIDIA's cache data holds the compiled machine code:
 //! `python3 bench/sass.py DIR/*.cache` turns it into SASS listings with NVIDIA's `nvdisasm`
-//! (BENCHMARKS.md, session 9, read the H200's this way).
+//! (BENCHMARKS.md, "Registers, SASS and instructions per token", read the H200's this way).
 
 use std::ffi::CString;
 

@@ -60,7 +60,7 @@ const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
 // start (their loads beside the length's and the tables') and kept in registers until
 // rotate_query writes them to rot_sh, once split 0 has encoded its new rows there. Loading
 // iso's and rotor's coefficients in a rotation pass after the barrier cost about 2 us a layer
-// on an H200 (BENCHMARKS.md, session 11).
+// on an H200 (BENCHMARKS.md, "Kernel choices, measured").
 var<private> qv$r: vec4<f32>;
 
 // Coordinate k of query head i of the group, scaled (0 past D).
@@ -118,7 +118,7 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
             var acc$g = 0.0;
             // The query is read a vec4 at a time (D is a multiple of 32): read a value at a
             // time, one workgroup-memory read per multiply-add, it made QJL's 4k step 11 %
-            // slower on an H200 (BENCHMARKS.md, session 15; 8 loads of S in flight a round
+            // slower on an H200 (BENCHMARKS.md, "Kernel choices, measured"; 8 loads of S in flight a round
             // instead of these 32 ran as fast).
             for (var k = 0u; k < D; k += 4u * VU) {
                 let s$v = vec4<f32>(cst(QJL_S + (k + 4u * $vu) * D + j), cst(QJL_S + (k + 4u * $vu + 1u) * D + j), cst(QJL_S + (k + 4u * $vu + 2u) * D + j), cst(QJL_S + (k + 4u * $vu + 3u) * D + j));
@@ -362,7 +362,7 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 // is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
 // (about 2.5 us of an H200 layer, measured against a reduce that returns at once); loading
 // the output vectors beside the (max, sum) pairs, not after them, and the old length at the
-// start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, session 10).
+// start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
 @compute @workgroup_size(RED_WG)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.

@@ -217,7 +217,7 @@ fn turbo_coef(rot: u32, j: u32) -> vec4<f32> {
 // coefficient of every group before the next (a rotor's 9 entries of M; an iso's quaternion q,
 // M = L(q), whose entries are q's with signs): the invocations of a rotation, one per group,
 // read consecutive words. (Group by group, a warp's loads touched up to 16 times the cache
-// lines: BENCHMARKS.md, session 12.) Read by every rotor and iso rotation, and at kernel
+// lines: BENCHMARKS.md, "Kernel choices, measured".) Read by every rotor and iso rotation, and at kernel
 // start by those fused into the first loads (the decode's query, the reduce's output).
 fn group_matrix(kind: u32, rot: u32, g: u32) -> mat4x4<f32> {
     if kind == 3u {
