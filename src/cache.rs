@@ -6,14 +6,12 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::codec::CodecKind;
 use crate::context::GpuContext;
+use crate::dispatch::{self, Dispatch, GridShape, SMALL_APPEND_MAX_TOKENS};
 use crate::error::{KvqError, Result};
-use crate::kernels::{InputType, KernelConfig, Pipelines};
+use crate::kernels::{InputType, K_BLOCK, KernelConfig, Pipelines};
 use crate::memory::{MemoryReport, StoreBytes};
 use crate::spec::CacheSpec;
 
-/// Above this many new tokens an append is spread over many workgroups (plus a commit
-/// dispatch); at or below it one workgroup per sequence writes and commits in one dispatch.
-const SMALL_APPEND_MAX_TOKENS: u32 = 64;
 /// Words each invocation of the wide append handles at least.
 const WIDE_ITEMS: u32 = 16;
 /// Rows of a rotated codec each wide-append workgroup encodes (several cooperative passes).
@@ -22,8 +20,6 @@ const COOP_ROWS: u32 = 16;
 const DECODE_WG: u32 = 128;
 /// Fewest tokens per decode split before fewer splits are used.
 const MIN_CHUNK: u32 = 32;
-/// Tokens per K interleave block (`KB` in wgsl/common.wgsl).
-const K_BLOCK: u32 = 32;
 /// Most partials per query head (sized into the reduce kernel's workgroup memory).
 const MAX_SPLITS_TOTAL: u32 = 1024;
 
@@ -87,6 +83,11 @@ pub(crate) trait Recorder {
     fn set_pipeline(&mut self, pipeline: &wgpu::ComputePipeline);
     fn set_bind_group(&mut self, index: u32, group: &Bound);
     fn dispatch_workgroups(&mut self, x: u32, y: u32, z: u32);
+    /// Dispatches by `rule`'s grid for `shape`: the only way kvq dispatches a kernel.
+    fn dispatch(&mut self, rule: &Dispatch, shape: &GridShape) {
+        let [x, y, z] = rule.workgroups(shape);
+        self.dispatch_workgroups(x, y, z);
+    }
 }
 
 impl Recorder for wgpu::ComputePass<'_> {
@@ -252,11 +253,11 @@ fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
 const TUNED_MULTIPROCESSORS: u32 = 132;
 
 /// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, as
-/// measured by the split count that ran fastest (BENCHMARKS.md, sessions 5 and 6) and read
+/// measured by the split count that ran fastest (BENCHMARKS.md, "Split count: one wave of resident workgroups") and read
 /// beside the registers the driver gives the fused step's split kernel
 /// (examples/kernel_stats.rs): GQA 4: 92-128 registers (4), 167 with a QJL K (3), and 3 for
 /// an f16 or int K beside a rotated V (`heavy` with QJL: 48 splits beat 64 by 16-21 % for
-/// `k=none,v=turbo3`, `k=q8,v=turbo3`, `k=q4,v=iso3`, `k=q8,v=iso4` at 4k and 32k, session 9,
+/// `k=none,v=turbo3`, `k=q8,v=turbo3`, `k=q4,v=iso3`, `k=q8,v=iso4` at 4k and 32k,
 /// while `k=turbo3,v=q8` keeps 64); GQA 7: 146-167 for f16 and int codecs (3), 203-231 with a
 /// rotated side or QJL (2); GQA 8: 164-244 (2 for every codec: 32 splits beat 48 and 64 for
 /// `none` too, whose 164 registers would allow 3). Ratios 5-6 are taken as GQA 7, above 8 as
@@ -381,17 +382,43 @@ impl KvCache {
                 have: limits.max_compute_workgroup_storage_size as u64,
             });
         }
+        // The store is split to fit a binding; the decode scratch and the constants are one
+        // binding each, so a shape that needs more than the adapter binds is refused here.
+        let n_lens = (spec.layers * spec.batch) as usize;
+        let constants = cfg.constants(spec.seed);
+        let part_floats = spec.batch as u64
+            * spec.q_heads as u64
+            * cfg.splits_total() as u64
+            * (cfg.partial_width() as u64 + 4);
+        for (what, bytes) in [
+            (
+                "decode scratch (batch x q_heads x splits partials)",
+                part_floats * 4,
+            ),
+            (
+                "lengths and codec constants",
+                (2 * n_lens + constants.len()) as u64 * 4,
+            ),
+        ] {
+            if bytes > max_binding {
+                return Err(KvqError::AdapterTooWeak {
+                    adapter: ctx.info.name.clone(),
+                    what: format!("max_storage_buffer_binding_size (the {what})"),
+                    needed: bytes,
+                    have: max_binding,
+                });
+            }
+        }
         let pipes = Pipelines::new(device, &cfg, ctx.shader_checks(), ctx.workgroup_poison())?;
 
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         // A buffer that failed to allocate is invalid: binding it is a validation error, which
         // must come back as this call's error too, not reach the device's uncaptured handler.
         let invalid_scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let n_lens = (spec.layers * spec.batch) as usize;
         // Lengths then overflow flags, all zero (an empty cache), then the codec constants
         // (rotations, codebooks, QJL matrix) the kernels read.
         let mut state = vec![0u32; 2 * n_lens];
-        state.extend(cfg.constants(spec.seed).iter().map(|c| c.to_bits()));
+        state.extend(constants.iter().map(|c| c.to_bits()));
         ctx.counters().add_upload(state.len() as u64 * 4);
         let lens = init_buffer(
             device,
@@ -401,11 +428,6 @@ impl KvCache {
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
         );
-        let splits_total = cfg.splits_total() as u64;
-        let part_floats = spec.batch as u64
-            * spec.q_heads as u64
-            * splits_total
-            * (cfg.partial_width() as u64 + 4);
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvq decode partials"),
             size: part_floats * 4,
@@ -887,22 +909,26 @@ impl KvCache {
         let segs = &self.layers[layer as usize];
         pass.set_bind_group(1, &input.bind_group);
         let mut dispatches = 0;
+        let shape = GridShape {
+            wide_groups: input.wide_groups,
+            ..self.grid_shape()
+        };
         if input.n <= SMALL_APPEND_MAX_TOKENS {
             pass.set_pipeline(&pipes[0]);
             for seg in segs {
                 pass.set_bind_group(0, &seg.append_bg);
-                pass.dispatch_workgroups(1, self.spec.batch, 1);
+                pass.dispatch(&dispatch::APPEND_SMALL, &shape);
                 dispatches += 1;
             }
         } else {
             pass.set_pipeline(&pipes[1]);
             for seg in segs {
                 pass.set_bind_group(0, &seg.append_bg);
-                pass.dispatch_workgroups(input.wide_groups, self.spec.batch, 1);
+                pass.dispatch(&dispatch::APPEND_WIDE, &shape);
                 dispatches += 1;
             }
             pass.set_pipeline(&pipes[2]);
-            pass.dispatch_workgroups(1, self.spec.batch, 1);
+            pass.dispatch(&dispatch::APPEND_COMMIT, &shape);
             dispatches += 1;
         }
         self.ctx.counters().add_dispatches(dispatches);
@@ -948,19 +974,27 @@ impl KvCache {
         store: impl Fn(&Segment) -> &Bound,
     ) {
         let segs = &self.layers[layer as usize];
+        let shape = self.grid_shape();
         pass.set_bind_group(1, io);
         pass.set_pipeline(split);
         for seg in segs {
             pass.set_bind_group(0, store(seg));
-            pass.dispatch_workgroups(
-                self.spec.kv_heads * self.spec.batch,
-                self.layout.splits + 1,
-                1,
-            );
+            pass.dispatch(&dispatch::SPLIT, &shape);
         }
         pass.set_pipeline(reduce);
-        pass.dispatch_workgroups(self.spec.q_heads, self.spec.batch, 1);
+        pass.dispatch(&dispatch::REDUCE, &shape);
         self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
+    }
+
+    /// What this cache's dispatch grids are evaluated on ([`crate::dispatch`]).
+    pub fn grid_shape(&self) -> GridShape {
+        GridShape {
+            batch: self.spec.batch,
+            q_heads: self.spec.q_heads,
+            kv_heads: self.spec.kv_heads,
+            splits: self.layout.splits,
+            wide_groups: 0,
+        }
     }
 
     /// Records an append into `encoder` (in a compute pass of its own). A NaN or ±Inf input

@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 use crate::cache::{Bound, KvCache, Recorder};
 use crate::codec::{Codec, CodecRef, KvCodecs};
 use crate::context::GpuContext;
+use crate::dispatch::{Dispatch, GridShape};
 use crate::error::{KvqError, Result};
 use crate::kernels::{InputType, KernelConfig, LayoutTable, gpu_supported};
 use crate::reference;
@@ -109,33 +110,18 @@ impl KernelModule {
 
     /// Entry points with how each is dispatched.
     pub fn entry_points(self) -> Vec<EntryPoint> {
-        let e = |name: &'static str, dispatch: &'static str| EntryPoint { name, dispatch };
-        match self {
-            KernelModule::Append(_) => vec![
-                e(
-                    "append_small",
-                    "(1, batch, 1) once per storage segment of the layer, when n <= 64 tokens; it also commits the lengths",
-                ),
-                e(
-                    "append_wide",
-                    "(ceil(n * kv_heads * tasks_per_row / (256 * items)), batch, 1) once per storage segment, when n > 64 (items: the append params' second word)",
-                ),
-                e(
-                    "append_commit",
-                    "(1, batch, 1) once after every segment's append_wide (same group-0 bind group as the last one)",
-                ),
-            ],
-            KernelModule::Decode | KernelModule::Step(_) => vec![
-                e(
-                    "split",
-                    "(splits, kv_heads, batch) once per storage segment of the layer",
-                ),
-                e(
-                    "reduce",
-                    "(q_heads, batch, 1) once after every segment's split (same group-0 bind group as the last one)",
-                ),
-            ],
-        }
+        use crate::dispatch as d;
+        let rules: &[&'static Dispatch] = match self {
+            KernelModule::Append(_) => &[&d::APPEND_SMALL, &d::APPEND_WIDE, &d::APPEND_COMMIT],
+            KernelModule::Decode | KernelModule::Step(_) => &[&d::SPLIT, &d::REDUCE],
+        };
+        rules
+            .iter()
+            .map(|&r| EntryPoint {
+                name: r.entry,
+                dispatch: r,
+            })
+            .collect()
     }
 }
 
@@ -144,8 +130,9 @@ impl KernelModule {
 pub struct EntryPoint {
     /// The WGSL function name.
     pub name: &'static str,
-    /// Workgroup counts, as a formula over the cache's shape (a [`ReplayPlan`] has the numbers).
-    pub dispatch: &'static str,
+    /// How it is dispatched: the grid as a rule over the cache's shape ([`ReplayPlan::grid_shape`]
+    /// has the numbers) and when.
+    pub dispatch: &'static Dispatch,
 }
 
 /// How a buffer is bound.
@@ -531,6 +518,10 @@ pub struct PlanDispatch {
     pub bind_groups: [usize; 2],
     /// Workgroup counts.
     pub workgroups: [u32; 3],
+    /// [`GridShape::wide_groups`] of the call (0 but for `append_wide`): with
+    /// [`ReplayPlan::grid_shape`], what the entry point's [`Dispatch`] rule gives `workgroups`
+    /// from.
+    pub wide_groups: u32,
 }
 
 /// A compute pass of a [`ReplayPlan`] (one per kvq call: an append, an attend, a step).
@@ -604,6 +595,9 @@ pub struct ReplayPlan {
     pub pipelines: Vec<PlanPipeline>,
     /// Bind groups.
     pub bind_groups: Vec<PlanBindGroup>,
+    /// What the entry points' [`Dispatch`] rules are evaluated on (with each dispatch's
+    /// [`PlanDispatch::wide_groups`]).
+    pub grid_shape: GridShape,
     /// Compute passes in submission order (one command encoder, one submit).
     pub passes: Vec<PlanPass>,
     /// Checks after the submit.
@@ -736,6 +730,7 @@ impl PlanRecorder {
             pipeline,
             bind_groups,
             workgroups,
+            wide_groups: 0,
         });
         Ok(())
     }
@@ -756,6 +751,14 @@ impl Recorder for PlanRecorder {
     fn dispatch_workgroups(&mut self, x: u32, y: u32, z: u32) {
         if let Err(m) = self.try_dispatch([x, y, z]) {
             self.fail(m);
+        }
+    }
+
+    fn dispatch(&mut self, rule: &Dispatch, shape: &GridShape) {
+        let [x, y, z] = rule.workgroups(shape);
+        self.dispatch_workgroups(x, y, z);
+        if let Some(d) = self.passes.last_mut().and_then(|p| p.dispatches.last_mut()) {
+            d.wide_groups = shape.wide_groups;
         }
     }
 }
@@ -1111,6 +1114,7 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
         layouts: rec.layouts,
         pipelines: rec.pipelines,
         bind_groups: rec.bind_groups,
+        grid_shape: cache.grid_shape(),
         passes: rec.passes,
         checks: plan_checks,
     })
@@ -1261,6 +1265,12 @@ impl ReplayPlan {
                 json_arr(&g.buffers, |b| b.to_string())
             ))
         );
+        let g = &self.grid_shape;
+        let _ = write!(
+            o,
+            "\"grid_shape\":{{\"batch\":{},\"q_heads\":{},\"kv_heads\":{},\"splits\":{}}},",
+            g.batch, g.q_heads, g.kv_heads, g.splits
+        );
         let _ = write!(
             o,
             "\"passes\":{},",
@@ -1268,13 +1278,14 @@ impl ReplayPlan {
                 "{{\"label\":{},\"dispatches\":{}}}",
                 json_str(&p.label),
                 json_arr(&p.dispatches, |d| format!(
-                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}]}}",
+                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{}}}",
                     d.pipeline,
                     d.bind_groups[0],
                     d.bind_groups[1],
                     d.workgroups[0],
                     d.workgroups[1],
-                    d.workgroups[2]
+                    d.workgroups[2],
+                    d.wide_groups
                 ))
             ))
         );
@@ -1322,9 +1333,10 @@ pub fn kernels_json(
             json_str(&k.module.name()),
             json_str(&file_of(k)),
             json_arr(&k.entry_points, |e| format!(
-                "{{\"name\":{},\"dispatch\":{}}}",
+                "{{\"name\":{},\"grid\":{},\"when\":{}}}",
                 json_str(e.name),
-                json_str(e.dispatch)
+                json_arr(&e.dispatch.grid, |t| json_str(t.formula())),
+                json_str(e.dispatch.when)
             )),
             layout_json(&k.bind_group_layouts[0]),
             layout_json(&k.bind_group_layouts[1]),

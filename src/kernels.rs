@@ -29,6 +29,10 @@ const READ_V_SYM: &str = include_str!("../wgsl/read_v_sym.wgsl");
 const ATTEND_ONLY: &str = include_str!("../wgsl/attend_only.wgsl");
 const STEP: &str = include_str!("../wgsl/step.wgsl");
 
+/// Tokens per K interleave block (`KB` in the WGSL): K rows are stored interleaved chunk by
+/// chunk across blocks of this many tokens, and storage segments start on whole blocks.
+pub(crate) const K_BLOCK: u32 = 32;
+
 /// Element type of the caller's K/V input buffers for append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InputType {
@@ -125,6 +129,7 @@ impl KernelConfig {
         h += &c("VB", self.v_batch());
         h += &c("VBF", self.v_batch_full());
         h += &c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
+        h += &c("KB", K_BLOCK);
         let cst = self.constant_offsets();
         for (side, codec, off) in [("K", self.k, cst.k), ("V", self.v, cst.v)] {
             let d = self.head_dim;
@@ -339,10 +344,10 @@ impl KernelConfig {
 
     /// Whether the rotated K reader looks its codes up two at a time (`K_PAIRS`, the level-pair
     /// table `lp_k` in wgsl/read_k_rot.wgsl): for codes of at most 3 bits (a table of at most
-    /// 512 bytes) beside a V that is not rotated. H200, qwen3-8b (BENCHMARKS.md, session 14):
+    /// 512 bytes) beside a V that is not rotated. H200, qwen3-8b (BENCHMARKS.md, "Kernel choices, measured"):
     /// 3-bit K-only codecs 2.5-4 % faster at 32k, 2-bit 6.5 %, the QJL K 3-6 %; 4-bit codes'
     /// 2 KiB table took the split kernel past 12 KiB of workgroup memory (33-43 % slower, the
-    /// cliff of session 11), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at
+    /// 12 KiB cliff), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at
     /// 32k.
     fn k_pairs(&self) -> bool {
         self.k.kind.is_rotated() && self.k.bits <= 3 && !self.v.kind.is_rotated()
@@ -377,7 +382,7 @@ impl KernelConfig {
     /// values) for an f16 or q8 V beside a K without QJL, else [`Self::v_batch`] (no separate
     /// full-tile loop). On an H200 (qwen3-8b, 32k) twice the rows in flight took `none`,
     /// `k_q8`, `q8_sym` and the turbo and iso K-only codecs 4-11 % faster, but the rotor K+V
-    /// codecs 3-6 %, `q4_sym` 2 % and the QJL K 10 % slower (BENCHMARKS.md, session 10). A
+    /// codecs 3-6 %, `q4_sym` 2 % and the QJL K 11 % slower (BENCHMARKS.md, "Kernel choices, measured"). A
     /// partial tile (short contexts, whose splits hold less than a tile) keeps the smaller
     /// batch, which measured better there.
     fn v_batch_full(&self) -> u32 {
@@ -485,10 +490,10 @@ impl KernelConfig {
     /// (the same rotation, levels and layout; the constants come from one seed) and no QJL.
     /// A token's two rows then share one chain of barriers instead of one each: in the fused
     /// step that chain is split 0's, on the step's critical path at short contexts (H200,
-    /// qwen3-8b: rotated K+V codecs 3-6 % faster at 4k, BENCHMARKS.md session 12). Where a
+    /// qwen3-8b: rotated K+V codecs 2-3 % faster at 4k and 9-11 % at 1k, BENCHMARKS.md, "Kernel choices, measured"). Where a
     /// row is wider than 128 codes (D > 128, or rotor's 129 at D = 128) that takes a second
     /// encoder row of workgroup memory, added only while the split kernel stays within 12 KiB:
-    /// past about 12 KB the split kernels ran 25-30 % slower (session 11), and larger shapes
+    /// past about 12 KB the split kernels ran 25-30 % slower (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"), and larger shapes
     /// must still fit the 32 KiB of workgroup memory kvq asks for.
     fn kv_joint(&self) -> bool {
         let same = self.k.kind.is_rotated() && self.k == self.v && !self.k.qjl;
@@ -638,7 +643,7 @@ pub fn gpu_supported(codec: Codec) -> bool {
 }
 
 /// f16 K chunks (16 bytes each) one thread loads together before using them (`$u` lines):
-/// 8 (half a D = 128 row; 4 measured 1 % slower on an H200, BENCHMARKS.md session 10) where
+/// 8 (half a D = 128 row; 4 measured 1 % slower on an H200, BENCHMARKS.md, "Kernel choices, measured") where
 /// that divides the row's D / 8 chunks, else 4 (D is a multiple of 32).
 pub(crate) fn k_unroll(head_dim: u32) -> u32 {
     let chunks = head_dim / 8;
@@ -932,13 +937,13 @@ impl Pipelines {
 /// wgpu's loop bounding (a hidden iteration counter on every loop, a guard against shaders
 /// that never end) is left out: every kvq loop counts by a fixed step to a bound derived from
 /// the cache's shape constants or from lengths the kernels keep within capacity, and the
-/// counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md, session 8).
+/// counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md, "wgpu's shader runtime checks").
 ///
 /// wgpu's index clamping (every array index clamped into range in the shader) is left out
 /// where the V codec is rotated (turbo, rotor, iso): there it cost 7-10 % of the step (a
-/// clamp on each level-table lookup, BENCHMARKS.md, session 9), while for the other codecs
+/// clamp on each level-table lookup, BENCHMARKS.md, "wgpu's shader runtime checks"), while for the other codecs
 /// its removal measured nothing or a loss. Every index of every kernel is in range by
-/// construction (the audits of sessions 8 and 9: codes are masked to their table's size, row
+/// construction (the audits in BENCHMARKS.md, "wgpu's shader runtime checks": codes are masked to their table's size, row
 /// and word indices stay within the row, the buffer or the workgroup array); the driver's
 /// own buffer robustness (Vulkan's robustBufferAccess2, which wgpu enables) stays on.
 pub(crate) fn runtime_checks(cfg: &KernelConfig) -> wgpu::ShaderRuntimeChecks {
@@ -959,8 +964,7 @@ pub(crate) struct Compile {
     /// with poisoned workgroup memory). The zeroing runs before a workgroup's first barrier:
     /// naga's version is one invocation storing every array (690 stores in the `none` split
     /// kernel, 1557 in `turbo3_sym`'s), for drivers without native zeroing. On an H200,
-    /// whose driver zeroes natively, leaving it out measured within ±2 % (BENCHMARKS.md,
-    /// session 10).
+    /// whose driver zeroes natively, leaving it out measured within ±2 % (BENCHMARKS.md, "wgpu's shader runtime checks").
     zero_init: bool,
     /// Poison workgroup memory at every workgroup's start ([`crate::poison`]).
     poison: bool,
@@ -1120,7 +1124,7 @@ mod tests {
         }
         // At the shape it was measured on (qwen3-8b: GQA 4, D 128, 128 invocations), the table
         // keeps every split kernel it is added to under the 12 KiB past which they ran 29-43 %
-        // slower (BENCHMARKS.md, session 14). The QJL kernel was past it before the table.
+        // slower (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"). The QJL kernel was past it before the table.
         for codecs in [
             "k_turbo2",
             "k_turbo3",

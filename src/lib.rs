@@ -23,6 +23,7 @@
 pub mod cache;
 pub mod codec;
 pub mod context;
+pub mod dispatch;
 pub mod error;
 pub mod export;
 pub mod kernels;

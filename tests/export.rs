@@ -396,6 +396,71 @@ fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
     }
 }
 
+/// The grid a manifest's `grid` terms give for a plan's `grid_shape` and one dispatch's
+/// `wide_groups`: the manifest read as a host would read it, not kvq's own rule code.
+fn grid_from_manifest(terms: &serde_json::Value, shape: &serde_json::Value, wide: u64) -> Vec<u64> {
+    let v = |k: &str| {
+        shape[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("grid_shape.{k}"))
+    };
+    terms
+        .as_array()
+        .expect("grid terms")
+        .iter()
+        .map(|t| match t.as_str().expect("a grid term is a string") {
+            "1" => 1,
+            "batch" => v("batch"),
+            "q_heads" => v("q_heads"),
+            "kv_heads * batch" => v("kv_heads") * v("batch"),
+            "splits + 1" => v("splits") + 1,
+            "wide_groups" => wide,
+            other => panic!("a grid term no host knows: {other}"),
+        })
+        .collect()
+}
+
+#[test]
+fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
+    // Entry point -> grid terms, from the manifest the export_wgsl example writes.
+    let cfg = &configs()[0];
+    let kernels = export::export_kernels(cfg, Target::Browser).expect("export");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&export::kernels_json(&kernels, |k| k.module.name())).unwrap();
+    let mut rules = HashMap::new();
+    for m in manifest.as_array().unwrap() {
+        for e in m["entry_points"].as_array().unwrap() {
+            rules.insert(e["name"].as_str().unwrap().to_string(), e["grid"].clone());
+        }
+    }
+    let mut checked = 0;
+    for sc in export::scenarios() {
+        let plan = export::replay_plan(common::ctx(), &sc, Target::Browser).expect("plan");
+        let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+        let shape = &json["grid_shape"];
+        for pass in json["passes"].as_array().unwrap() {
+            for d in pass["dispatches"].as_array().unwrap() {
+                let p = d["pipeline"].as_u64().unwrap() as usize;
+                let entry = json["pipelines"][p]["entry_point"].as_str().unwrap();
+                let rule = rules
+                    .get(entry)
+                    .unwrap_or_else(|| panic!("{}: {entry} not in the manifest", sc.name));
+                let want = grid_from_manifest(rule, shape, d["wide_groups"].as_u64().unwrap());
+                let got: Vec<u64> = d["workgroups"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect();
+                assert_eq!(got, want, "{} {}: {entry}", sc.name, pass["label"]);
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} recorded dispatches follow the manifest's rules");
+    assert!(checked > 0);
+}
+
 #[test]
 fn base64_matches_the_standard_alphabet() {
     let cases: HashMap<&[u8], &str> = [

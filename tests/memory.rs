@@ -178,13 +178,21 @@ fn a_cache_past_the_memory_budget_is_a_typed_error_and_the_device_goes_on() {
     let (ctx, t) = tight_budget_device();
     // A 1.6 GB decode scratch buffer (24 sequences x 64 query heads x 1024 splits x (256 + 4)
     // floats): more than 1% of the budget of a 24 GB CPU driver, so past the headroom; less than
-    // a 2 GiB buffer limit. Nothing of it is ever allocated.
+    // a 2 GiB buffer limit. Nothing of it is ever allocated. (wgpu refuses one buffer past the
+    // headroom; the same bytes over many smaller buffers pass on lavapipe, which reports no
+    // heap usage.) It is one binding: where the adapter binds less (stock lavapipe: 128 MiB),
+    // the binding limit refuses it first, typed (see the next test).
     let big = CacheSpec::new(1, 64, 8, 256, 32)
         .with_batch(24)
         .with_splits(1024);
+    let binds = ctx.device.limits().max_storage_buffer_binding_size;
     match KvCache::new(&ctx, big) {
         Err(KvqError::OutOfMemory { needed, .. }) => {
             assert!(needed >= 1_600_000_000, "needed {needed}")
+        }
+        Err(KvqError::AdapterTooWeak { what, have, .. }) if binds < 1_600_000_000 => {
+            assert!(what.contains("max_storage_buffer_binding_size"), "{what}");
+            assert!(have <= binds, "{have} {binds}");
         }
         Err(e) => panic!("expected OutOfMemory (budget threshold {t}%), got {e}"),
         Ok(c) => panic!(
@@ -206,4 +214,55 @@ fn a_cache_past_the_memory_budget_is_a_typed_error_and_the_device_goes_on() {
         Err(KvqError::OutOfMemory { .. }) => {}
         Err(e) => panic!("small cache: {e}"),
     }
+}
+
+/// A device whose storage bindings are capped at `limit` bytes (as stock lavapipe's are at
+/// 128 MiB), opened on the test adapter.
+fn device_with_binding_limit(limit: u64) -> GpuContext {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("GPU tests need an adapter");
+    let (features, mut limits) = GpuContext::device_requirements(&adapter).unwrap();
+    limits.max_storage_buffer_binding_size = limit.min(limits.max_storage_buffer_binding_size);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_features: features,
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .expect("device");
+    GpuContext::from_device(device, queue, adapter.get_info())
+}
+
+#[test]
+fn a_buffer_past_the_binding_limit_is_a_typed_error_that_names_it() {
+    let ctx = device_with_binding_limit(128 << 20);
+    // A 1.6 GB decode scratch buffer (24 sequences x 64 query heads x 1025 splits x (256 + 4)
+    // floats) is one binding: past the limit, refused before anything is allocated.
+    let big = CacheSpec::new(1, 64, 8, 256, 32)
+        .with_batch(24)
+        .with_splits(1024);
+    match KvCache::new(&ctx, big) {
+        Err(KvqError::AdapterTooWeak {
+            what, needed, have, ..
+        }) => {
+            assert!(what.contains("max_storage_buffer_binding_size"), "{what}");
+            assert!(what.contains("scratch"), "{what}");
+            assert!(
+                needed >= 1_600_000_000 && have <= 128 << 20,
+                "{needed} {have}"
+            );
+        }
+        Err(e) => panic!("expected AdapterTooWeak, got {e}"),
+        Ok(_) => panic!("a 1.6 GB scratch binding passed a 128 MiB limit"),
+    }
+    // The store is split to fit instead: under a 1 MiB limit, 2 MiB of K and of V go to
+    // segments, and attention over them works.
+    let ctx = device_with_binding_limit(1 << 20);
+    let mut cache = KvCache::new(&ctx, CacheSpec::new(1, 8, 2, 64, 8192)).expect("a split store");
+    assert!(cache.layout().segments >= 2, "{:?}", cache.layout());
+    let tok = vec![1.0f32; 2 * 64];
+    cache.append_host(0, &tok, &tok).unwrap();
+    let out = cache.attend_host(0, &vec![0.5f32; 8 * 64]).unwrap();
+    assert!(out.iter().all(|x| (x - 1.0).abs() < 1e-3));
 }

@@ -8,8 +8,8 @@ const NEG: f32 = -3.0e38;
 // OR-ed into the mantissa of 2^23 is the float 2^23 + c, and subtracting 2^23 + off is exact.
 // Used by q4's K reader: two LOP3s (mask, exponent) and the FADD a code, against a mask, an
 // I2FP and the FADD, measured 3 % faster for K-only q4 on the H200. Not for bytes: NVIDIA
-// converts a byte of a word with one I2F.U8, and this made the q8 loops slower (BENCHMARKS.md,
-// session 13).
+// converts a byte of a word with one I2F.U8, and this made the q8 loops slower
+// (BENCHMARKS.md, "Kernel choices, measured").
 fn codes_less(c: vec4<u32>, off: f32) -> vec4<f32> {
     return bitcast<vec4<f32>>(c | vec4<u32>(0x4b000000u)) - (8388608.0 + off);
 }
@@ -82,8 +82,8 @@ fn in_seg(p: u32, s: Seg) -> bool {
 
 // K rows are interleaved in blocks of KB tokens: 16-byte chunk w of the KB tokens of a block
 // lie side by side, so a thread-per-token read of chunk w is one contiguous, coalesced access.
-// (V rows stay plain: V is read a row at a time across threads.) seg_tokens is a multiple of KB.
-const KB: u32 = 32u;
+// (V rows stay plain: V is read a row at a time across threads.) seg_tokens is a multiple of KB
+// (KB comes from the generated header: kvq's K_BLOCK).
 
 // Index (in 16-byte chunks) of chunk w of K row `row` (as from seg_row); K_CHUNKS per row.
 fn k_chunk(row: u32, w: u32) -> u32 {

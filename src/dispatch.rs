@@ -1,0 +1,164 @@
+//! How each kvq kernel is dispatched: its workgroup grid as a rule over the cache's shape.
+//!
+//! One table, read by the cache when it records a pass and by [`crate::export`] when it tells
+//! another WebGPU host how to dispatch the exported kernels, so the two cannot drift apart.
+
+/// One dimension of a dispatch grid, as a term over the cache's shape and the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GridTerm {
+    /// 1.
+    One,
+    /// Sequences in the batch.
+    Batch,
+    /// Query heads.
+    QHeads,
+    /// KV heads × sequences (one decode workgroup per KV head of each sequence).
+    KvHeadsBatch,
+    /// Decode splits per storage segment, plus the one for the tokens a fused step appends.
+    SplitsPlusOne,
+    /// `append_wide`'s workgroups for an append of `n` tokens: `max(ceil(n * kv_heads *
+    /// tasks_per_row / (256 * items)), ceil(n * kv_heads / coop_rows))` with `items` and
+    /// `coop_rows` the append params' second and third words (the second term only for a
+    /// rotated codec).
+    WideGroups,
+}
+
+impl GridTerm {
+    /// The term as a formula over the shape's names (`kv_heads * batch`).
+    pub fn formula(self) -> &'static str {
+        match self {
+            GridTerm::One => "1",
+            GridTerm::Batch => "batch",
+            GridTerm::QHeads => "q_heads",
+            GridTerm::KvHeadsBatch => "kv_heads * batch",
+            GridTerm::SplitsPlusOne => "splits + 1",
+            GridTerm::WideGroups => "wide_groups",
+        }
+    }
+
+    /// The term's value for `s`.
+    pub fn eval(self, s: &GridShape) -> u32 {
+        match self {
+            GridTerm::One => 1,
+            GridTerm::Batch => s.batch,
+            GridTerm::QHeads => s.q_heads,
+            GridTerm::KvHeadsBatch => s.kv_heads * s.batch,
+            GridTerm::SplitsPlusOne => s.splits + 1,
+            GridTerm::WideGroups => s.wide_groups,
+        }
+    }
+}
+
+/// The numbers a [`Dispatch`] rule is evaluated on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GridShape {
+    /// Sequences.
+    pub batch: u32,
+    /// Query heads.
+    pub q_heads: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+    /// Decode splits per storage segment (the cache's, after its defaults and clamps).
+    pub splits: u32,
+    /// [`GridTerm::WideGroups`] of the call (0 outside an `append_wide`).
+    pub wide_groups: u32,
+}
+
+/// How one entry point is dispatched: its grid and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    /// The WGSL entry point.
+    pub entry: &'static str,
+    /// Workgroup counts (x, y, z).
+    pub grid: [GridTerm; 3],
+    /// When and how often it is dispatched, and with which bind groups.
+    pub when: &'static str,
+}
+
+impl Dispatch {
+    /// The workgroup counts for `s`.
+    pub fn workgroups(&self, s: &GridShape) -> [u32; 3] {
+        self.grid.map(|t| t.eval(s))
+    }
+
+    /// The grid as text: `(kv_heads * batch, splits + 1, 1)`.
+    pub fn formula(&self) -> String {
+        let [x, y, z] = self.grid.map(GridTerm::formula);
+        format!("({x}, {y}, {z})")
+    }
+
+    /// The rule of `entry`, if kvq has such an entry point.
+    pub fn of(entry: &str) -> Option<&'static Dispatch> {
+        ALL.iter().copied().find(|d| d.entry == entry)
+    }
+}
+
+/// An append of at most [`SMALL_APPEND_MAX_TOKENS`] tokens: one workgroup per sequence.
+pub const APPEND_SMALL: Dispatch = Dispatch {
+    entry: "append_small",
+    grid: [GridTerm::One, GridTerm::Batch, GridTerm::One],
+    when: "once per storage segment of the layer, when n <= 64 tokens; it also commits the lengths",
+};
+
+/// A longer append (prefill): many workgroups per sequence, then [`APPEND_COMMIT`].
+pub const APPEND_WIDE: Dispatch = Dispatch {
+    entry: "append_wide",
+    grid: [GridTerm::WideGroups, GridTerm::Batch, GridTerm::One],
+    when: "once per storage segment of the layer, when n > 64 tokens",
+};
+
+/// Commits the lengths after every segment's [`APPEND_WIDE`].
+pub const APPEND_COMMIT: Dispatch = Dispatch {
+    entry: "append_commit",
+    grid: [GridTerm::One, GridTerm::Batch, GridTerm::One],
+    when: "once after every segment's append_wide (same group-0 bind group as the last one)",
+};
+
+/// Decode attention (and the fused step's append): one workgroup per KV head of each sequence
+/// and split; the last split of each row attends the step's new tokens.
+pub const SPLIT: Dispatch = Dispatch {
+    entry: "split",
+    grid: [
+        GridTerm::KvHeadsBatch,
+        GridTerm::SplitsPlusOne,
+        GridTerm::One,
+    ],
+    when: "once per storage segment of the layer",
+};
+
+/// Merges the splits' partials: one workgroup per query head of each sequence.
+pub const REDUCE: Dispatch = Dispatch {
+    entry: "reduce",
+    grid: [GridTerm::QHeads, GridTerm::Batch, GridTerm::One],
+    when: "once after every segment's split (same group-0 bind group as the last one)",
+};
+
+/// Every rule.
+pub const ALL: [&Dispatch; 5] = [&APPEND_SMALL, &APPEND_WIDE, &APPEND_COMMIT, &SPLIT, &REDUCE];
+
+/// Appends of at most this many tokens take [`APPEND_SMALL`]'s single dispatch, which writes
+/// and commits; longer ones are spread over [`APPEND_WIDE`]'s workgroups plus a commit.
+pub const SMALL_APPEND_MAX_TOKENS: u32 = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rule_is_found_by_its_entry_and_reads_as_its_terms() {
+        for d in ALL {
+            assert_eq!(Dispatch::of(d.entry), Some(d));
+        }
+        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, 1)");
+        let s = GridShape {
+            batch: 3,
+            q_heads: 16,
+            kv_heads: 4,
+            splits: 7,
+            wide_groups: 9,
+        };
+        assert_eq!(SPLIT.workgroups(&s), [12, 8, 1]);
+        assert_eq!(REDUCE.workgroups(&s), [16, 3, 1]);
+        assert_eq!(APPEND_WIDE.workgroups(&s), [9, 3, 1]);
+    }
+}
