@@ -527,12 +527,15 @@ impl KvCodecs {
             }
             return Ok(KvCodecs { k, v });
         }
+        // `k_<c>` and `<c>_sym` name quantized codecs only: f16 everywhere is `none` (one
+        // name per pair, as `valid_names` lists them).
+        let quantized = |c: &str| Codec::parse_opt(c).filter(|c| *c != Codec::NONE);
         if let Some(c) = n.strip_prefix("k_") {
-            let k = Codec::parse_opt(c).ok_or_else(unknown)?;
+            let k = quantized(c).ok_or_else(unknown)?;
             return Ok(KvCodecs { k, v: Codec::NONE });
         }
         if let Some(c) = n.strip_suffix("_sym") {
-            let k = Codec::parse_opt(c).ok_or_else(unknown)?;
+            let k = quantized(c).ok_or_else(unknown)?;
             let v = k.with_qjl(false);
             v.validate().map_err(|_| unknown())?;
             return Ok(KvCodecs { k, v });
