@@ -73,7 +73,17 @@ fn filled_cache(
 
 #[test]
 fn encode_matches_reference() {
-    for name in ["q8_sym", "q4_sym", "k=q4,v=q8"] {
+    encode_sym(&["q8_sym", "q4_sym"]);
+}
+
+#[test]
+fn encode_of_mixed_int_codecs_matches_reference() {
+    encode_sym(&["k=q4,v=q8"]);
+}
+
+/// The GPU's q8/q4 rows of `names` at every head_dim are the reference encoder's.
+fn encode_sym(names: &[&str]) {
+    for &name in names {
         for d in [64u32, 96, 128, 256] {
             let (cache, k, v, _, _) = filled_cache(name, d, d as u64 + 1, false);
             let (spec, codecs, n) = (cache.spec().clone(), cache.spec().codecs, 70);
@@ -127,28 +137,33 @@ fn encode_matches_reference() {
     }
 }
 
-#[test]
-fn attention_over_quantized_store_matches_reference() {
-    // Each codec pairing on some of the four shapes, rotating so every shape and GQA ratio meets
-    // several codecs (the whole cross product compiles too many pipelines for a CPU driver).
+/// The codec pairings of the attention tests: each on some of the four shapes, rotating so
+/// every shape and GQA ratio meets several codecs (the whole cross product compiles too many
+/// pipelines for a CPU driver).
+const ATTENTION_CODECS: [&str; 14] = [
+    "q8_sym",
+    "q4_sym",
+    "k_q8",
+    "k_q4",
+    "k=none,v=q4",
+    "k=q4,v=q8",
+    "turbo3_sym",
+    "rotor3_sym",
+    "iso4_sym",
+    "k=turbo2b,v=rotor4b",
+    "k=iso3b+qjl,v=none",
+    "k=rotor4+qjl,v=turbo4",
+    "k=q8,v=iso3",
+    "k_turbo3+qjl",
+];
+
+/// Attention over the store of `ATTENTION_CODECS[range]` matches f64 attention over it.
+fn attention_over_quantized_store(range: std::ops::Range<usize>) {
     let shapes = [(64u32, 8u32), (96, 2), (128, 4), (256, 1)];
-    let names = [
-        "q8_sym",
-        "q4_sym",
-        "k_q8",
-        "k_q4",
-        "k=none,v=q4",
-        "k=q4,v=q8",
-        "turbo3_sym",
-        "rotor3_sym",
-        "iso4_sym",
-        "k=turbo2b,v=rotor4b",
-        "k=iso3b+qjl,v=none",
-        "k=rotor4+qjl,v=turbo4",
-        "k=q8,v=iso3",
-        "k_turbo3+qjl",
-    ];
-    for (i, name) in names.into_iter().enumerate() {
+    for (i, name) in ATTENTION_CODECS.into_iter().enumerate() {
+        if !range.contains(&i) {
+            continue;
+        }
         // Two shapes each for the sym codecs; one (rotating) for the rotated codecs, which
         // share their readers and so meet every shape between them.
         let picks = if i < 6 {
@@ -175,6 +190,22 @@ fn attention_over_quantized_store_matches_reference() {
             }
         }
     }
+}
+
+// Split in three so that the test threads share the shader compiles evenly.
+#[test]
+fn attention_over_int_codecs_matches_reference() {
+    attention_over_quantized_store(0..6);
+}
+
+#[test]
+fn attention_over_rotated_codecs_matches_reference() {
+    attention_over_quantized_store(6..10);
+}
+
+#[test]
+fn attention_over_qjl_and_mixed_codecs_matches_reference() {
+    attention_over_quantized_store(10..14);
 }
 
 /// The fused step encodes the new rows inside the split kernel: same rows, same attention.
@@ -297,18 +328,28 @@ fn row_matches(r: &CodecRef, x: &[f32], got: &[u32], ties: &mut usize) -> bool {
 /// (small, wide and fused-step paths) writes the reference's rows, ties at boundaries aside.
 #[test]
 fn rotated_encode_matches_reference() {
-    let names = [
+    rotated_encode(&[
         ("turbo3_sym", 128u32),
         ("turbo2_sym", 96),
         ("rotor3_sym", 128),
         ("rotor4b_sym", 64),
         ("iso4_sym", 256),
         ("iso3b_sym", 128),
+    ]);
+}
+
+/// As `rotated_encode_matches_reference`, with a QJL K (apart: its encoders compile slowly).
+#[test]
+fn rotated_encode_with_qjl_matches_reference() {
+    rotated_encode(&[
         ("k=turbo4b+qjl,v=rotor2", 64),
         ("k=rotor3+qjl,v=iso1", 96),
         ("k=iso3+qjl,v=turbo1b", 128),
-    ];
-    for (name, d) in names {
+    ]);
+}
+
+fn rotated_encode(names: &[(&str, u32)]) {
+    for &(name, d) in names {
         // The small path's token has a zero row (scale 0).
         let (cache, k, v, k1, _) = filled_cache(name, d, d as u64 + 5, true);
         let (spec, codecs, n) = (cache.spec().clone(), cache.spec().codecs, 70);
