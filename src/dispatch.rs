@@ -86,11 +86,6 @@ impl Dispatch {
         let [x, y, z] = self.grid.map(GridTerm::formula);
         format!("({x}, {y}, {z})")
     }
-
-    /// The rule of `entry`, if kvq has such an entry point.
-    pub fn of(entry: &str) -> Option<&'static Dispatch> {
-        ALL.iter().copied().find(|d| d.entry == entry)
-    }
 }
 
 /// An append of at most [`SMALL_APPEND_MAX_TOKENS`] tokens: one workgroup per sequence.
@@ -133,9 +128,6 @@ pub const REDUCE: Dispatch = Dispatch {
     when: "once after every segment's split (same group-0 bind group as the last one)",
 };
 
-/// Every rule.
-pub const ALL: [&Dispatch; 5] = [&APPEND_SMALL, &APPEND_WIDE, &APPEND_COMMIT, &SPLIT, &REDUCE];
-
 /// Appends of at most this many tokens take [`APPEND_SMALL`]'s single dispatch, which writes
 /// and commits; longer ones are spread over [`APPEND_WIDE`]'s workgroups plus a commit.
 pub const SMALL_APPEND_MAX_TOKENS: u32 = 64;
@@ -145,10 +137,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_rule_is_found_by_its_entry_and_reads_as_its_terms() {
-        for d in ALL {
-            assert_eq!(Dispatch::of(d.entry), Some(d));
-        }
+    fn rules_read_as_their_terms() {
         assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, 1)");
         let s = GridShape {
             batch: 3,

@@ -108,31 +108,14 @@ impl KernelModule {
         }
     }
 
-    /// Entry points with how each is dispatched.
-    pub fn entry_points(self) -> Vec<EntryPoint> {
+    /// Entry points, each with how it is dispatched ([`Dispatch::entry`] is the WGSL name).
+    pub fn entry_points(self) -> &'static [&'static Dispatch] {
         use crate::dispatch as d;
-        let rules: &[&'static Dispatch] = match self {
+        match self {
             KernelModule::Append(_) => &[&d::APPEND_SMALL, &d::APPEND_WIDE, &d::APPEND_COMMIT],
             KernelModule::Decode | KernelModule::Step(_) => &[&d::SPLIT, &d::REDUCE],
-        };
-        rules
-            .iter()
-            .map(|&r| EntryPoint {
-                name: r.entry,
-                dispatch: r,
-            })
-            .collect()
+        }
     }
-}
-
-/// An entry point of a [`KernelModule`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EntryPoint {
-    /// The WGSL function name.
-    pub name: &'static str,
-    /// How it is dispatched: the grid as a rule over the cache's shape ([`ReplayPlan::grid_shape`]
-    /// has the numbers) and when.
-    pub dispatch: &'static Dispatch,
 }
 
 /// How a buffer is bound.
@@ -210,7 +193,7 @@ pub struct ExportedKernel {
     /// The exact WGSL text for the target.
     pub wgsl: String,
     /// Its entry points.
-    pub entry_points: Vec<EntryPoint>,
+    pub entry_points: Vec<&'static Dispatch>,
     /// Layouts of bind groups 0 and 1 (every entry point uses both).
     pub bind_group_layouts: [BindGroupLayoutDesc; 2],
     /// WebGPU features the module needs (`shader-f16` when it enables f16).
@@ -313,7 +296,7 @@ pub fn export_kernels(cfg: &KernelConfig, target: Target) -> Result<Vec<Exported
             Ok(ExportedKernel {
                 module,
                 wgsl,
-                entry_points: module.entry_points(),
+                entry_points: module.entry_points().to_vec(),
                 bind_group_layouts: module.layouts().map(BindGroupLayoutDesc::of),
                 features,
             })
@@ -1334,9 +1317,9 @@ pub fn kernels_json(
             json_str(&file_of(k)),
             json_arr(&k.entry_points, |e| format!(
                 "{{\"name\":{},\"grid\":{},\"when\":{}}}",
-                json_str(e.name),
-                json_arr(&e.dispatch.grid, |t| json_str(t.formula())),
-                json_str(e.dispatch.when)
+                json_str(e.entry),
+                json_arr(&e.grid, |t| json_str(t.formula())),
+                json_str(e.when)
             )),
             layout_json(&k.bind_group_layouts[0]),
             layout_json(&k.bind_group_layouts[1]),

@@ -96,7 +96,7 @@ fn every_exported_kernel_parses_and_matches_its_layouts() {
                     .iter()
                     .map(|e| e.name.as_str())
                     .collect();
-                let mut listed: Vec<&str> = k.entry_points.iter().map(|e| e.name).collect();
+                let mut listed: Vec<&str> = k.entry_points.iter().map(|e| e.entry).collect();
                 eps.sort();
                 listed.sort();
                 assert_eq!(eps, listed, "{name}: entry points");
