@@ -17,7 +17,7 @@
 use std::ffi::CString;
 
 use ash::vk;
-use kvq::{InputType, KernelConfig, KvCodecs};
+use kvq::{InputType, KernelConfig, KernelModule, KvCodecs};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -334,7 +334,9 @@ fn run() -> Result<(), Error> {
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); reduce is the same in every module.
-        let src = cfg.step_source(InputType::F16);
+        let src = cfg
+            .module_source(KernelModule::Step(InputType::F16))
+            .map_err(|e| e.to_string())?;
         for entry in ["split", "reduce"] {
             let dump = args
                 .dump

@@ -23,6 +23,7 @@ use crate::codec::{Codec, CodecRef, KvCodecs};
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, GridShape};
 use crate::error::{KvqError, Result};
+pub use crate::kernels::KernelModule;
 use crate::kernels::{InputType, KernelConfig, LayoutTable, gpu_supported};
 use crate::reference;
 use crate::spec::CacheSpec;
@@ -45,75 +46,6 @@ impl Target {
         match self {
             Target::Native => "native",
             Target::Browser => "browser",
-        }
-    }
-}
-
-/// One WGSL module kvq builds for a cache (a module holds several entry points).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelModule {
-    /// Append of new tokens (`append_small`, `append_wide`, `append_commit`) reading the
-    /// caller's K/V input of this element type.
-    Append(InputType),
-    /// Decode attention over the store (`split`, `reduce`).
-    Decode,
-    /// The fused decode step (`split` also appends the new rows, `reduce` commits the
-    /// length), reading the caller's K/V input of this element type.
-    Step(InputType),
-}
-
-fn input_name(t: InputType) -> &'static str {
-    match t {
-        InputType::F32 => "f32",
-        InputType::F16 => "f16",
-    }
-}
-
-impl KernelModule {
-    /// Every module of a cache, in a fixed order.
-    pub fn all() -> [KernelModule; 5] {
-        [
-            KernelModule::Append(InputType::F32),
-            KernelModule::Append(InputType::F16),
-            KernelModule::Decode,
-            KernelModule::Step(InputType::F32),
-            KernelModule::Step(InputType::F16),
-        ]
-    }
-
-    /// Short name: `append_f32`, `append_f16`, `decode`, `step_f32`, `step_f16`.
-    pub fn name(self) -> String {
-        match self {
-            KernelModule::Append(t) => format!("append_{}", input_name(t)),
-            KernelModule::Decode => "decode".into(),
-            KernelModule::Step(t) => format!("step_{}", input_name(t)),
-        }
-    }
-
-    /// The module's WGSL as kvq compiles it natively.
-    fn native_source(self, cfg: &KernelConfig) -> String {
-        match self {
-            KernelModule::Append(t) => cfg.append_source(t),
-            KernelModule::Decode => cfg.decode_source(),
-            KernelModule::Step(t) => cfg.step_source(t),
-        }
-    }
-
-    fn layouts(self) -> [LayoutTable; 2] {
-        use crate::kernels as k;
-        match self {
-            KernelModule::Append(_) => [k::APPEND_STORE, k::APPEND_INPUT],
-            KernelModule::Decode => [k::DECODE_STORE, k::DECODE_IO],
-            KernelModule::Step(_) => [k::STEP_STORE, k::STEP_IO],
-        }
-    }
-
-    /// Entry points, each with how it is dispatched ([`Dispatch::entry`] is the WGSL name).
-    pub fn entry_points(self) -> &'static [&'static Dispatch] {
-        use crate::dispatch as d;
-        match self {
-            KernelModule::Append(_) => &[&d::APPEND_SMALL, &d::APPEND_WIDE, &d::APPEND_COMMIT],
-            KernelModule::Decode | KernelModule::Step(_) => &[&d::SPLIT, &d::REDUCE],
         }
     }
 }
@@ -261,7 +193,7 @@ fn module_for_target(
     target: Target,
 ) -> Result<(String, Vec<&'static str>)> {
     check_config(cfg)?;
-    let src = module.native_source(cfg);
+    let src = cfg.module_source(module)?;
     let code = code_only(&src);
     let mut features = Vec::new();
     if target == Target::Browser {
@@ -1078,9 +1010,9 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
         sc.layer,
         s.layers,
         sc.prefill,
-        input_name(sc.prefill_input),
+        sc.prefill_input.name(),
         sc.steps,
-        input_name(sc.step_input),
+        sc.step_input.name(),
         match sc.path {
             StepPath::Separate => "append + attend",
             StepPath::Fused => "fused step",

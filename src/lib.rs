@@ -36,6 +36,6 @@ pub use cache::{AppendInput, AttendIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};
 pub use context::{Capabilities, GpuContext, TransferStats};
 pub use error::{KvqError, Result};
-pub use kernels::{InputType, KernelConfig};
+pub use kernels::{InputType, KernelConfig, KernelModule};
 pub use memory::{MemoryReport, StoreBytes};
 pub use spec::{CacheSpec, MAX_CAPACITY};

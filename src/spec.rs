@@ -47,7 +47,7 @@ pub struct CacheSpec {
     pub workgroup: Option<u32>,
 }
 
-/// Most tokens a cache holds: a ring's slot arithmetic (`wgsl/common.wgsl`, `seg_runs`) adds
+/// Most tokens a cache holds: a ring's slot arithmetic (`wgsl/shared/common.wgsl`, `seg_runs`) adds
 /// up to a capacity's worth of positions to a slot, which must not wrap a u32.
 pub const MAX_CAPACITY: u32 = 1 << 31;
 

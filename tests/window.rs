@@ -219,7 +219,7 @@ fn fused_steps_wrap_the_ring(shapes: &[Shape]) {
     }
 }
 
-/// Splits take whole tiles and split 0 the tail (wgsl/decode.wgsl) in a ring over two
+/// Splits take whole tiles and split 0 the tail (wgsl/kernels/attention.wgsl) in a ring over two
 /// segments: 64-invocation workgroups and 3 splits give 192-token rounds in 256-token
 /// segments. A 40-token step at length 740 cuts a 36-token tail in segment 0 beside new tokens
 /// that spill into segment 1, whose own tail lies in segment 0 (not cut); with a window

@@ -106,6 +106,15 @@ pub enum CodecKind {
 }
 
 impl CodecKind {
+    /// Every family, in the order of their kernel numbers.
+    pub const ALL: [CodecKind; 5] = [
+        CodecKind::None,
+        CodecKind::Sym,
+        CodecKind::Turbo,
+        CodecKind::Rotor,
+        CodecKind::Iso,
+    ];
+
     /// Whether this family rotates and uses Lloyd–Max codes (turbo, rotor, iso).
     pub fn is_rotated(self) -> bool {
         matches!(self, CodecKind::Turbo | CodecKind::Rotor | CodecKind::Iso)

@@ -191,7 +191,7 @@ impl CodecRef {
         match self.codec.kind {
             CodecKind::None => {
                 for (i, &v) in x.iter().enumerate() {
-                    // f16 saturates at ±65504 rather than becoming ±Inf (wgsl/codec_f16.wgsl).
+                    // f16 saturates at ±65504 rather than becoming ±Inf (wgsl/codecs/f16.wgsl).
                     put_bits(
                         &mut row,
                         16 * i as u32,

@@ -1,49 +1,50 @@
 // Rotated codecs `turbo`, `rotor`, `iso` (layout contract: src/codec/mod.rs): a row holds
-// @S@_NC codes of @S@_BITS bits bit-packed LSB-first across the words (a code may straddle two
-// words), then @S@_NSIDE f16 scales from bit @S@_SIDE_BIT (one per row, or one per 32 codes
-// when @S@_BLOCK32), then for K with QJL the residual's sign bits and its f16 norm.
-// Linked per side like codec_f16.wgsl. K rows are interleaved word by word in blocks of KB.
+// NC codes of BITS bits bit-packed LSB-first across the words (a code may straddle two
+// words), then NSIDE f16 scales from bit SIDE_BIT (one per row, or one per 32 codes when
+// BLOCK32), then for K with QJL the residual's sign bits and its f16 norm (each a K_ or V_
+// constant of the header). Included once per side by codecs/stores.wgsl. K rows are interleaved word by word in blocks of KB.
 
-@group(0) @binding(@BINDING@) var<storage, @ACCESS@> @SIDE@_store: array<u32>;
+@group(0) @binding({{binding}}) var<storage, {{access}}> {{side}}_store: array<u32>;
 
-fn @SIDE@_word(row: u32, w: u32) -> u32 {
-    if @S@_INTERLEAVED {
-        return (row - row % KB) * @S@_WORDS + w * KB + row % KB;
+fn {{side}}_word(row: u32, w: u32) -> u32 {
+    if {{S}}_INTERLEAVED {
+        return (row - row % KB) * {{S}}_WORDS + w * KB + row % KB;
     }
-    return row * @S@_WORDS + w;
+    return row * {{S}}_WORDS + w;
 }
 
 // The reconstruction levels (f32 Lloyd–Max levels for N(0, 1)), looked up per code (the
-// decoders and the encoder's decoded row); @SIDE@_load_levels fills it at kernel start.
-var<workgroup> lv_@SIDE@: array<f32, 16>;
+// decoders and the encoder's decoded row); {{side}}_load_levels fills it at kernel start.
+var<workgroup> lv_{{side}}: array<f32, 16>;
 
-fn @SIDE@_load_levels(lid: u32) {
-    if lid < (1u << @S@_BITS) {
-        lv_@SIDE@[lid] = cst(@S@_LV + lid);
+fn {{side}}_load_levels(lid: u32) {
+    if lid < (1u << {{S}}_BITS) {
+        lv_{{side}}[lid] = cst({{S}}_LV + lid);
     }
 }
 
-// @ENCODER@ (attend-only modules stop here)
+// The encoder: only in modules that write rows (append, the fused step).
+#if ENCODE
 
-// No independent encode tasks (@S@_TASKS = 0): rows are encoded by encode_rows_@SIDE@.
-fn encode_@SIDE@(row: u32, src: u32, task: u32) {}
+// No independent encode tasks ({{S}}_TASKS = 0): rows are encoded by encode_rows_{{side}}.
+fn encode_{{side}}(row: u32, src: u32, task: u32) {}
 
 // The code of t = y / s: the number of (f32) Lloyd–Max boundaries at or below t.
-fn @SIDE@_quantize(y: f32, s: f32) -> u32 {
+fn {{side}}_quantize(y: f32, s: f32) -> u32 {
     var t = 0.0;
     if s > 0.0 {
         t = y / s;
     }
     var code = 0u;
-    for (var j = 0u; j + 1u < (1u << @S@_BITS); j++) {
+    for (var j = 0u; j + 1u < (1u << {{S}}_BITS); j++) {
         code += u32(enc_bd[j] <= t);
     }
     return code;
 }
 
 // Writes word w of row `row`.
-fn @SIDE@_put_word(row: u32, w: u32, word: u32) {
-    @SIDE@_store[@SIDE@_word(row, w)] = word;
+fn {{side}}_put_word(row: u32, w: u32, word: u32) {
+    {{side}}_store[{{side}}_word(row, w)] = word;
 }
 
 // Encodes the rows enc_src[r] -> enc_dst[r], r < nr <= ET, with the whole workgroup (nt
@@ -51,7 +52,7 @@ fn @SIDE@_put_word(row: u32, w: u32, word: u32) {
 // norm, rotation, scales, codes, QJL residual, then one invocation per output word. With
 // sides = 2 (KV_JOINT: V's codec is K's, rotation included) K's encoder also encodes the same
 // tokens' V rows, as rows nr .. 2 nr of the scratch: one chain of barriers for both sides.
-fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
+fn encode_rows_{{side}}(lid: u32, nt: u32, nr: u32, sides: u32) {
     let rows = nr * sides;
     // Rows past nr are V's (sides = 2).
     for (var i = lid; i < rows * RW; i += nt) {
@@ -61,7 +62,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
         if k < D {
             let p = enc_src[r % nr] + k / 2u;
             if r < nr {
-                x = in_pair_@SIDE@(p)[k % 2u];
+                x = in_pair_{{side}}(p)[k % 2u];
             } else {
                 x = in_pair_v(p)[k % 2u];
             }
@@ -70,7 +71,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
         enc_x[i] = x;
     }
     if lid < 15u {
-        enc_bd[lid] = cst(@S@_BD + lid);
+        enc_bd[lid] = cst({{S}}_BD + lid);
     }
     workgroupBarrier();
     // Sums of squares in 8 parts per row, beside the rotation (which leaves enc_x alone).
@@ -82,7 +83,7 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
         }
         enc_np[i] = ss;
     }
-    rotate_rows(@S@_KIND, @S@_ROT, rows, lid, nt, false);
+    rotate_rows({{S}}_KIND, {{S}}_ROT, rows, lid, nt, false);
     for (var r = lid; r < rows; r += nt) {
         var ss = 0.0;
         for (var q = 0u; q < 8u; q++) {
@@ -93,12 +94,12 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
     workgroupBarrier();
 
     // Scales, rounded to the stored f16 values: codes are chosen against those.
-    for (var i = lid; i < rows * @S@_NSIDE; i += nt) {
-        let r = i / @S@_NSIDE;
-        let j = i % @S@_NSIDE;
+    for (var i = lid; i < rows * {{S}}_NSIDE; i += nt) {
+        let r = i / {{S}}_NSIDE;
+        let j = i % {{S}}_NSIDE;
         var s = enc_n[r] / sqrt(f32(D));
-        if @S@_BLOCK32 {
-            let n = min(32u, @S@_NC - 32u * j);
+        if {{S}}_BLOCK32 {
+            let n = min(32u, {{S}}_NC - 32u * j);
             var ss = 0.0;
             for (var k = 0u; k < n; k++) {
                 let y = rs_get(r * RW + 32u * j + k);
@@ -111,17 +112,17 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
     workgroupBarrier();
     for (var i = lid; i < rows * RW; i += nt) {
         let k = i % RW;
-        if k < @S@_NC {
-            let s = enc_s[(i / RW) * SIDE_MAX + select(0u, k / 32u, @S@_BLOCK32)];
-            let code = @SIDE@_quantize(rs_get(i), s);
+        if k < {{S}}_NC {
+            let s = enc_s[(i / RW) * SIDE_MAX + select(0u, k / 32u, {{S}}_BLOCK32)];
+            let code = {{side}}_quantize(rs_get(i), s);
             enc_code[i] = code;
             // The QJL residual needs the decoded row: y^ = s * level, un-rotated below.
-            rs_set(i, s * lv_@SIDE@[code]);
+            rs_set(i, s * lv_{{side}}[code]);
         }
     }
     workgroupBarrier();
-    if @S@_QJL {
-        rotate_rows(@S@_KIND, @S@_ROT, nr, lid, nt, true);
+    if {{S}}_QJL {
+        rotate_rows({{S}}_KIND, {{S}}_ROT, nr, lid, nt, true);
         // r = (x - x^) / ||x|| in place of x (0 for a zero row).
         for (var i = lid; i < nr * RW; i += nt) {
             let n = enc_n[i / RW];
@@ -152,15 +153,15 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
     }
 
     // One invocation per output word gathers every field overlapping it.
-    for (var i = lid; i < rows * @S@_WORDS; i += nt) {
-        let r = i / @S@_WORDS;
-        let w = i % @S@_WORDS;
+    for (var i = lid; i < rows * {{S}}_WORDS; i += nt) {
+        let r = i / {{S}}_WORDS;
+        let w = i % {{S}}_WORDS;
         let lo = 32u * w;
         var word = 0u;
-        if lo < @S@_NC * @S@_BITS {
-            let c1 = min(@S@_NC, (lo + 32u + @S@_BITS - 1u) / @S@_BITS);
-            for (var c = lo / @S@_BITS; c < c1; c++) {
-                let o = c * @S@_BITS;
+        if lo < {{S}}_NC * {{S}}_BITS {
+            let c1 = min({{S}}_NC, (lo + 32u + {{S}}_BITS - 1u) / {{S}}_BITS);
+            for (var c = lo / {{S}}_BITS; c < c1; c++) {
+                let o = c * {{S}}_BITS;
                 let v = enc_code[r * RW + c];
                 if o >= lo {
                     word |= v << (o - lo);
@@ -169,27 +170,27 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
                 }
             }
         }
-        for (var j = 0u; j < @S@_NSIDE; j++) {
-            let bit = @S@_SIDE_BIT + 16u * j;
+        for (var j = 0u; j < {{S}}_NSIDE; j++) {
+            let bit = {{S}}_SIDE_BIT + 16u * j;
             if bit / 32u == w {
                 word |= (pack2x16float(vec2<f32>(enc_s[r * SIDE_MAX + j], 0.0)) & 0xffffu) << (bit % 32u);
             }
         }
-        if @S@_QJL {
-            if w >= @S@_QJL_WORD && w < @S@_QJL_WORD + D / 32u {
-                let j0 = r * RW + 32u * (w - @S@_QJL_WORD);
+        if {{S}}_QJL {
+            if w >= {{S}}_QJL_WORD && w < {{S}}_QJL_WORD + D / 32u {
+                let j0 = r * RW + 32u * (w - {{S}}_QJL_WORD);
                 for (var t = 0u; t < 32u; t++) {
                     word |= u32(rs_get(j0 + t)) << t;
                 }
             }
-            if @S@_QJL_NORM_BIT / 32u == w {
-                word |= (pack2x16float(vec2<f32>(enc_rn[r], 0.0)) & 0xffffu) << (@S@_QJL_NORM_BIT % 32u);
+            if {{S}}_QJL_NORM_BIT / 32u == w {
+                word |= (pack2x16float(vec2<f32>(enc_rn[r], 0.0)) & 0xffffu) << ({{S}}_QJL_NORM_BIT % 32u);
             }
         }
         let dst = enc_dst[r % nr];
         if dst != NO_ROW {
             if r < nr {
-                @SIDE@_put_word(dst, w, word);
+                {{side}}_put_word(dst, w, word);
             } else {
                 v_put_word(dst, w, word);
             }
@@ -197,3 +198,4 @@ fn encode_rows_@SIDE@(lid: u32, nt: u32, nr: u32, sides: u32) {
     }
     workgroupBarrier();
 }
+#endif

@@ -1,8 +1,18 @@
-// Fused decode step hooks: the split kernel appends the new tokens' K and V rows it covers
-// and attends over them; the reduce kernel then commits the sequence length. One layer's
-// step is thereby two dispatches (split, reduce) instead of three (append, split, reduce).
+// The fused decode step module: the attention kernels (kernels/attention.wgsl) with step
+// hooks: the split kernel appends the new tokens' K and V rows it covers and attends over
+// them; the reduce kernel then commits the sequence length. One layer's step is thereby two
+// dispatches (split, reduce) instead of three (append, split, reduce).
 //
 // Inputs as for append: [B, n, KVH, D] in IN_T elements, read through in_pair_k/in_pair_v.
+#include "shared/input.wgsl"
+#include "shared/common.wgsl"
+#include "shared/rotate.wgsl"
+#include "shared/encode_rows.wgsl"
+#include "codecs/stores.wgsl" access=read_write
+#include "codecs/readers.wgsl"
+
+// [LAYERS * B] lengths, then [LAYERS * B] overflow flags, then the codec constants (cst).
+@group(0) @binding(3) var<storage, read_write> lens: array<u32>;
 
 @group(1) @binding(2) var<storage, read> k_in: array<IN_T>;
 @group(1) @binding(3) var<storage, read> v_in: array<IN_T>;
@@ -71,3 +81,5 @@ fn commit_step(b: u32, len: u32) {
         lens[LAYERS * B + li] = 1u;
     }
 }
+
+#include "kernels/attention.wgsl"

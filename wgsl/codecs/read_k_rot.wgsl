@@ -1,10 +1,13 @@
+#unroll $g G
+#unroll $k KCG
+#unroll $t KTG
 // Scores of a rotated-codec K row (turbo / rotor / iso) against the rotated query in rot_sh
 // rows 0..G: per block of 32 codes (K_BITS words, loaded together) the codes are cut out four
 // at a time, looked up in the level table (k_levels4), dotted with the query and scaled by the
 // block's (or the row's) scale. With QJL, the residual's sign bits add the estimator's
 // correction.
 
-// With K_PAIRS (src/kernels.rs says where it pays), the levels of two adjacent codes (the
+// With K_PAIRS (src/kernels/mod.rs, `k_pairs`, says where it pays), the levels of two adjacent codes (the
 // first in the low bits) by their 2 K_BITS-bit field, so that codes are looked up two at a
 // time: half the lookups, and half the shifts and masks that cut the codes out.
 var<workgroup> lp_k: array<vec2<f32>, K_NPAIR>;

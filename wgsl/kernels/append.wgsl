@@ -1,14 +1,20 @@
-// Append n new tokens' K and V to one layer's store and advance that layer's lengths.
+// The append module: n new tokens' K and V into one layer's store, then that layer's lengths
+// advanced.
 //
-// Inputs are the caller's buffers, layout [B, n, KVH, D] (f32, or f16 packed two per u32).
-// `in_pair(buf, i)` (generated for the input type) returns elements 2i and 2i+1.
+// Inputs are the caller's buffers, layout [B, n, KVH, D] (f32, or f16 packed two per u32),
+// read through in_pair_k / in_pair_v (shared/input.wgsl).
 // Small n: one workgroup per sequence writes everything and then commits the length itself,
 // so a decode step's append is a single dispatch. Large n (prefill): many workgroups write,
 // and a separate one-workgroup `commit` dispatch advances the length afterwards.
 
+#include "shared/input.wgsl"
+#include "shared/common.wgsl"
+#include "shared/rotate.wgsl"
+#include "shared/encode_rows.wgsl"
+// k_store (binding 1) and v_store (binding 2), with their encode_k / encode_v.
+#include "codecs/stores.wgsl" access=read_write
+
 @group(0) @binding(0) var<uniform> seg: Seg;
-// k_store (binding 1) and v_store (binding 2) and their encode_k / encode_v come from the
-// codec files linked in front of this one.
 // [LAYERS * B] lengths, then [LAYERS * B] overflow flags.
 @group(0) @binding(3) var<storage, read_write> lens: array<u32>;
 

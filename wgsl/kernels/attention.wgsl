@@ -5,14 +5,19 @@
 // output) per query head. `reduce`: one workgroup per (query head, sequence) merges the
 // partials. Lengths are read on the GPU, so a step needs no host data.
 //
-// Without wgsl/step.wgsl linked in, the module attends only: no rows written, no commit.
-// (The step module links step.wgsl instead of wgsl/attend_only.wgsl.)
-// The store's readers come from the codec file linked in front of this one:
-//   fn k_scores(row: u32)                    sets sc$g, the scores of row against q_sh
-//   fn v_load(row: u32, c: u32) -> vec4<f32> values 4c..4c+3 of row
+// Included by a module root that declares `lens` and provides the step hooks (step_tokens,
+// write_new_rows, committed_len, commit_step): kernels/decode.wgsl attends only,
+// kernels/step.wgsl also appends the step's rows and commits the length. The stores' readers
+// (k_scores, k_load_pairs, v_load, v_row_scale) come from codecs/readers.wgsl; their
+// contracts are in wgsl/README.md.
+#unroll $g G
+#unroll $v VU
+#unroll $w VB
+#unroll $x VBF
+#unroll $r QV
+#unroll $p RP
 
 @group(0) @binding(0) var<uniform> seg: Seg;
-@group(0) @binding(3) var<storage, read> lens: array<u32>;
 // Partials: [B, QH, SPLITS_TOTAL, D/4] output vectors, then [B, QH, SPLITS_TOTAL] vectors
 // (max, sum, 0, 0).
 @group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
@@ -43,15 +48,15 @@ var<workgroup> comb: array<vec4<f32>, G * PV4>;
 var<workgroup> len_sh: u32;
 
 // Per-query-head state lives in named registers: lines holding `$g` are repeated for each
-// head g of the group by kvq's preprocessor (src/kernels.rs), so nothing is indexed
+// head g of the group by kvq's preprocessor (`#unroll`, src/kernels/preprocess.rs), so nothing is indexed
 // dynamically (a dynamically indexed private array would spill to memory on most GPUs).
 var<private> sc$g: f32;
 
 // A rotated K without QJL rotates its query as it loads it, but for turbo's Walsh–Hadamard
 // transform, which needs the whole row (rotate_query); with QJL the projection S q needs the
 // unrotated query first.
-const TURBO_Q: bool = K_KIND == 2u && !K_QJL;
-const ROTOR_Q: bool = K_KIND == 3u && !K_QJL;
+const TURBO_Q: bool = K_KIND == KIND_TURBO && !K_QJL;
+const ROTOR_Q: bool = K_KIND == KIND_ROTOR && !K_QJL;
 // The query in tasks, QT per head: a rotor group of 3 coordinates (ROTOR_Q), else a vec4 of
 // rot_sh (4 coordinates, an iso group).
 const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
@@ -88,7 +93,7 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
     if k >= D || K_QJL {
         return x;
     }
-    if K_KIND == 2u {
+    if K_KIND == KIND_TURBO {
         return x * turbo_coef(K_ROT, g);
     }
     return x * group_matrix(4u, K_ROT, g);
@@ -176,10 +181,10 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let len = workgroupUniformLoad(&len_sh);
     // The window is the last WIN positions up to and including the new tokens (all of them
     // unless the cache is a sliding window). Splits 1..=NSPLIT share its stored positions in
-    // this segment; split 0 takes the tokens a fused step appends (wgsl/step.wgsl; none for a
+    // this segment; split 0 takes the tokens a fused step appends (kernels/step.wgsl; none for a
     // plain attend): it encodes their rows and attends them, so encoding runs beside the
     // other splits, not before them, and it may take a short tail of the stored tokens too
-    // (below). Positions become slots through runs (wgsl/common.wgsl).
+    // (below). Positions become slots through runs (shared/common.wgsl).
     let total = len + step_tokens(len);
     let lo = total - min(total, WIN);
     let stored_runs = seg_runs(min(lo, len), len, seg);
@@ -345,8 +350,8 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 
 const RED_WG: u32 = 256u;
 // A rotor or iso V is un-rotated by group (VGROUPS of VGW coordinates), one invocation each.
-const V_GROUPED: bool = V_KIND == 3u || V_KIND == 4u;
-const VGW: u32 = select(4u, 3u, V_KIND == 3u);
+const V_GROUPED: bool = V_KIND == KIND_ROTOR || V_KIND == KIND_ISO;
+const VGW: u32 = select(4u, 3u, V_KIND == KIND_ROTOR);
 const VGROUPS: u32 = (D + VGW - 1u) / VGW;
 // Output columns (4 values each) and split lanes of the reduce workgroup.
 const RC: u32 = PV4;

@@ -49,17 +49,17 @@ fn hblock_len(i: u32) -> u32 {
 var<workgroup> diag_sh: array<f32, DIAG_N>;
 
 // Where V's diagonal starts in diag_sh.
-const DIAG_V: u32 = select(0u, D, K_KIND == 2u);
+const DIAG_V: u32 = select(0u, D, K_KIND == KIND_TURBO);
 
 // Fills the diagonals of the turbo sides asked for (`k`, `v`: uniform); a barrier must
 // follow before any rotation.
 fn load_diag(lid: u32, nt: u32, k: bool, v: bool) {
-    if k && K_KIND == 2u {
+    if k && K_KIND == KIND_TURBO {
         for (var i = lid; i < D; i += nt) {
             diag_sh[i] = cst(K_ROT + i) * inverseSqrt(f32(hblock_len(i)));
         }
     }
-    if v && V_KIND == 2u {
+    if v && V_KIND == KIND_TURBO {
         for (var i = lid; i < D; i += nt) {
             diag_sh[DIAG_V + i] = cst(V_ROT + i) * inverseSqrt(f32(hblock_len(i)));
         }
@@ -69,7 +69,7 @@ fn load_diag(lid: u32, nt: u32, k: bool, v: bool) {
 // Turbo's diagonal: x_k *= diag_k of the side whose coefficients start at `rot` (K's when
 // both sides are turbo with the same coefficients).
 fn turbo_scale(rot: u32, rows: u32, lid: u32, nt: u32) {
-    let base = select(DIAG_V, 0u, K_KIND == 2u && rot == K_ROT);
+    let base = select(DIAG_V, 0u, K_KIND == KIND_TURBO && rot == K_ROT);
     for (var i = lid; i < rows * D; i += nt) {
         let k = i % D;
         let at = (i / D) * RW + k;
@@ -220,7 +220,7 @@ fn turbo_coef(rot: u32, j: u32) -> vec4<f32> {
 // lines: BENCHMARKS.md, "Kernel choices, measured".) Read by every rotor and iso rotation, and at kernel
 // start by those fused into the first loads (the decode's query, the reduce's output).
 fn group_matrix(kind: u32, rot: u32, g: u32) -> mat4x4<f32> {
-    if kind == 3u {
+    if kind == KIND_ROTOR {
         let n = (D + 2u) / 3u;
         let e = rot + g;
         return mat4x4<f32>(
@@ -268,14 +268,14 @@ fn iso_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     workgroupBarrier();
 }
 
-// Rotation of codec kind `kind` (2 turbo, 3 rotor, 4 iso) with coefficients at `rot`, on
+// Rotation of codec kind `kind` (KIND_TURBO, KIND_ROTOR or KIND_ISO) with coefficients at `rot`, on
 // the first `rows` rows of rot_sh (padded coordinates must hold zeros going forward).
 fn rotate_rows(kind: u32, rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
-    if kind == 2u {
+    if kind == KIND_TURBO {
         turbo_rotate(rot, rows, lid, nt, inverse);
-    } else if kind == 3u {
+    } else if kind == KIND_ROTOR {
         rotor_rotate(rot, rows, lid, nt, inverse);
-    } else if kind == 4u {
+    } else if kind == KIND_ISO {
         iso_rotate(rot, rows, lid, nt, inverse);
     }
 }

@@ -1,0 +1,338 @@
+//! Bind group layouts and compute pipelines of one cache, compiled from the modules'
+//! assembled WGSL with the shader runtime checks kvq's audits allow.
+
+use std::sync::OnceLock;
+
+use crate::error::{KvqError, Result};
+use crate::kernels::{InputType, KernelConfig, KernelModule};
+
+/// A pipeline with its module, entry point and bind group layouts (groups 0 and 1).
+pub(crate) type Described<'a> = (
+    &'a wgpu::ComputePipeline,
+    KernelModule,
+    &'static str,
+    [LayoutTable; 2],
+);
+
+/// Bind group layouts and pipelines of one cache.
+///
+/// The attend pipelines are built with the cache (they validate its shape); the append and
+/// fused-step pipelines when their inputs are first prepared (`append_input`, `step_io`),
+/// never while recording, so a cache only compiles the modules it runs (several seconds each
+/// on a CPU driver).
+pub(crate) struct Pipelines {
+    device: wgpu::Device,
+    cfg: KernelConfig,
+    /// How the modules are compiled.
+    compile: Compile,
+    pub append_store: wgpu::BindGroupLayout,
+    pub append_input: wgpu::BindGroupLayout,
+    pub decode_store: wgpu::BindGroupLayout,
+    pub decode_io: wgpu::BindGroupLayout,
+    pub step_store: wgpu::BindGroupLayout,
+    pub step_io: wgpu::BindGroupLayout,
+    append_layout: wgpu::PipelineLayout,
+    step_layout: wgpu::PipelineLayout,
+    /// [F32, F16] x (small, wide, commit).
+    append: [OnceLock<Result<[wgpu::ComputePipeline; 3]>>; 2],
+    /// (split, reduce).
+    attend: [wgpu::ComputePipeline; 2],
+    /// [F32, F16] x (split, reduce) of the fused step.
+    step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
+}
+
+fn entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+fn layout(device: &wgpu::Device, table: LayoutTable) -> wgpu::BindGroupLayout {
+    let e: Vec<_> = table.1.iter().map(|&(b, t, _)| entry(b, t)).collect();
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(table.0),
+        entries: &e,
+    })
+}
+
+/// A bind group layout: its label and, per binding, the buffer type and the buffer's role
+/// (what [`crate::export`] tells other WebGPU hosts).
+pub(crate) type LayoutTable = (
+    &'static str,
+    &'static [(u32, wgpu::BufferBindingType, &'static str)],
+);
+
+const UNIFORM: wgpu::BufferBindingType = wgpu::BufferBindingType::Uniform;
+const RW: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: false };
+const RO: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: true };
+
+pub(crate) const APPEND_STORE: LayoutTable = (
+    "kvq append store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RW, "K store"),
+        (2, RW, "V store"),
+        (3, RW, "lengths"),
+    ],
+);
+pub(crate) const APPEND_INPUT: LayoutTable = (
+    "kvq append input",
+    &[
+        (0, RO, "K input"),
+        (1, RO, "V input"),
+        (2, UNIFORM, "append params"),
+    ],
+);
+pub(crate) const DECODE_STORE: LayoutTable = (
+    "kvq decode store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RO, "K store"),
+        (2, RO, "V store"),
+        (3, RO, "lengths"),
+        (4, RW, "partials"),
+    ],
+);
+pub(crate) const DECODE_IO: LayoutTable = ("kvq decode io", &[(0, RO, "query"), (1, RW, "output")]);
+pub(crate) const STEP_STORE: LayoutTable = (
+    "kvq step store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RW, "K store"),
+        (2, RW, "V store"),
+        (3, RW, "lengths"),
+        (4, RW, "partials"),
+    ],
+);
+pub(crate) const STEP_IO: LayoutTable = (
+    "kvq step io",
+    &[
+        (0, RO, "query"),
+        (1, RW, "output"),
+        (2, RO, "K input"),
+        (3, RO, "V input"),
+        (4, UNIFORM, "step params"),
+    ],
+);
+
+/// Entry points of an append module, in the order of [`Pipelines::append`].
+pub(crate) const APPEND_ENTRIES: [&str; 3] = ["append_small", "append_wide", "append_commit"];
+/// Entry points of a decode or step module, in the order of [`Pipelines::step`].
+pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];
+
+impl Pipelines {
+    /// Every pipeline with its module, entry point and bind group layouts (groups 0 and 1),
+    /// so [`crate::export`] can name what a recording uses.
+    pub(crate) fn describe(&self) -> Result<Vec<Described<'_>>> {
+        let mut v = Vec::new();
+        for t in [InputType::F32, InputType::F16] {
+            for (p, ep) in self.append(t)?.iter().zip(APPEND_ENTRIES) {
+                let m = KernelModule::Append(t);
+                v.push((p, m, ep, m.layouts()));
+            }
+            for (p, ep) in self.step(t)?.iter().zip(ATTEND_ENTRIES) {
+                let m = KernelModule::Step(t);
+                v.push((p, m, ep, m.layouts()));
+            }
+        }
+        for (p, ep) in self.attend.iter().zip(ATTEND_ENTRIES) {
+            v.push((p, KernelModule::Decode, ep, KernelModule::Decode.layouts()));
+        }
+        Ok(v)
+    }
+
+    /// The append pipelines for `input` (built on the first call).
+    pub fn append(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 3]> {
+        self.append[input as usize]
+            .get_or_init(|| {
+                let src = self.cfg.module_source(KernelModule::Append(input))?;
+                build(
+                    &self.device,
+                    self.compile,
+                    "kvq append",
+                    src,
+                    &self.append_layout,
+                    APPEND_ENTRIES,
+                )
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The attend pipelines (split, reduce).
+    pub fn attend(&self) -> &[wgpu::ComputePipeline; 2] {
+        &self.attend
+    }
+
+    /// The fused-step pipelines (split, reduce) for `input` (built on the first call).
+    pub fn step(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 2]> {
+        self.step[input as usize]
+            .get_or_init(|| {
+                let src = self.cfg.module_source(KernelModule::Step(input))?;
+                build(
+                    &self.device,
+                    self.compile,
+                    "kvq step",
+                    src,
+                    &self.step_layout,
+                    ATTEND_ENTRIES,
+                )
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// `all_checks`: compile with every one of wgpu's shader runtime checks and its
+    /// zero-initialization of workgroup memory ([`crate::GpuContext::with_shader_checks`]);
+    /// otherwise [`runtime_checks`] decides, and workgroup memory starts uninitialized.
+    /// `poison`: fill it with poison first ([`crate::GpuContext::with_workgroup_poison`]).
+    pub fn new(
+        device: &wgpu::Device,
+        cfg: &KernelConfig,
+        all_checks: bool,
+        poison: bool,
+    ) -> Result<Pipelines> {
+        let compile = Compile {
+            checks: if all_checks {
+                wgpu::ShaderRuntimeChecks::checked()
+            } else {
+                runtime_checks(cfg)
+            },
+            zero_init: all_checks,
+            poison,
+        };
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let append_store = layout(device, APPEND_STORE);
+        let append_input = layout(device, APPEND_INPUT);
+        let decode_store = layout(device, DECODE_STORE);
+        let decode_io = layout(device, DECODE_IO);
+        let pl = |a: &wgpu::BindGroupLayout, b: &wgpu::BindGroupLayout| {
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(a), Some(b)],
+                immediate_size: 0,
+            })
+        };
+        let append_layout = pl(&append_store, &append_input);
+        let decode_layout = pl(&decode_store, &decode_io);
+        let step_store = layout(device, STEP_STORE);
+        let step_io = layout(device, STEP_IO);
+        let step_layout = pl(&step_store, &step_io);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(KvqError::Gpu(format!("building kvq's kernels failed: {e}")));
+        }
+        let attend = build(
+            device,
+            compile,
+            "kvq decode",
+            cfg.module_source(KernelModule::Decode)?,
+            &decode_layout,
+            ATTEND_ENTRIES,
+        )?;
+        Ok(Pipelines {
+            device: device.clone(),
+            cfg: cfg.clone(),
+            compile,
+            append_layout,
+            step_layout,
+            attend,
+            append: Default::default(),
+            step: Default::default(),
+            append_store,
+            append_input,
+            decode_store,
+            decode_io,
+            step_store,
+            step_io,
+        })
+    }
+}
+
+/// The shader runtime checks kvq's kernels are compiled with, unless all are asked for.
+///
+/// wgpu's loop bounding (a hidden iteration counter on every loop, a guard against shaders
+/// that never end) is left out: every kvq loop counts by a fixed step to a bound derived from
+/// the cache's shape constants or from lengths the kernels keep within capacity, and the
+/// counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md, "wgpu's shader runtime checks").
+///
+/// wgpu's index clamping (every array index clamped into range in the shader) is left out
+/// where the V codec is rotated (turbo, rotor, iso): there it cost 7-10 % of the step (a
+/// clamp on each level-table lookup, BENCHMARKS.md, "wgpu's shader runtime checks"), while for the other codecs
+/// its removal measured nothing or a loss. Every index of every kernel is in range by
+/// construction (the audits in BENCHMARKS.md, "wgpu's shader runtime checks": codes are masked to their table's size, row
+/// and word indices stay within the row, the buffer or the workgroup array); the driver's
+/// own buffer robustness (Vulkan's robustBufferAccess2, which wgpu enables) stays on.
+pub(crate) fn runtime_checks(cfg: &KernelConfig) -> wgpu::ShaderRuntimeChecks {
+    wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        bounds_checks: cfg.clamps_indices(),
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
+}
+
+/// How kvq compiles a cache's modules.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Compile {
+    /// wgpu's shader runtime checks ([`runtime_checks`]).
+    checks: wgpu::ShaderRuntimeChecks,
+    /// wgpu's zero-initialization of workgroup memory: off unless every check is asked for.
+    /// Every kvq kernel writes each workgroup value before reading it (the tests check this
+    /// with poisoned workgroup memory). The zeroing runs before a workgroup's first barrier:
+    /// naga's version is one invocation storing every array (690 stores in the `none` split
+    /// kernel, 1557 in `turbo3_sym`'s), for drivers without native zeroing. On an H200,
+    /// whose driver zeroes natively, leaving it out measured within ±2 % (BENCHMARKS.md, "wgpu's shader runtime checks").
+    zero_init: bool,
+    /// Poison workgroup memory at every workgroup's start ([`crate::poison`]).
+    poison: bool,
+}
+
+/// Compiles `src` and one pipeline per entry point, inside a validation error scope, as
+/// `compile` says.
+fn build<const N: usize>(
+    device: &wgpu::Device,
+    compile: Compile,
+    label: &str,
+    src: String,
+    layout: &wgpu::PipelineLayout,
+    entries: [&str; N],
+) -> Result<[wgpu::ComputePipeline; N]> {
+    let src = if compile.poison {
+        crate::poison::poison_workgroup_memory(&src)?
+    } else {
+        src
+    };
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    };
+    // SAFETY: wgpu's contract for the checks left out (see `runtime_checks`): every loop
+    // terminates, and no index leaves its array or buffer.
+    let module = unsafe { device.create_shader_module_trusted(desc, compile.checks) };
+    let pipes = entries.map(|ep| {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(ep),
+            layout: Some(layout),
+            module: &module,
+            entry_point: Some(ep),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: compile.zero_init,
+                ..Default::default()
+            },
+            cache: None,
+        })
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(KvqError::Gpu(format!(
+            "building kvq's {label} kernels failed: {e}"
+        )));
+    }
+    Ok(pipes)
+}
