@@ -21,9 +21,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvq::memory::fmt_bytes;
 use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryReport};
 
-#[path = "shared/codec_list.rs"]
+#[path = "../shared/codec_list.rs"]
 mod codec_list;
-#[path = "shared/models.rs"]
+#[path = "../shared/models.rs"]
 mod models;
 use codec_list::split_codecs;
 use models::{MODELS, Model};
