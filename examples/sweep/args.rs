@@ -1,0 +1,169 @@
+//! The command line: its flags, their defaults and the usage text printed on `--help` or on
+//! a bad flag.
+
+use kvq::GpuContext;
+
+use crate::codec_list::split_codecs;
+
+pub const USAGE: &str =
+    "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
+             [--batch B] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
+             [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+       sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
+
+/// How the host waits for a step's commands to finish.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Wait {
+    /// Poll the device without blocking until the submission is done (CUDA's default
+    /// synchronize spins like this while a core is free; the anchor is timed that way).
+    Spin,
+    /// Block in the driver (`PollType::Wait`): frees the core, costs a wake-up.
+    Block,
+}
+
+impl Wait {
+    /// The name `--wait` takes, also written to the CSV's `wait` column.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Block => "block",
+        }
+    }
+}
+
+pub struct Args {
+    pub model: Option<String>,
+    pub ctx: Option<Vec<u32>>,
+    pub codecs: Vec<String>,
+    /// Sequences decoded together, each at the point's context.
+    pub batch: u32,
+    pub steps: Option<usize>,
+    pub warmup: usize,
+    /// Milliseconds of back-to-back attends before each point's warm-up (None: 300 on a GPU).
+    pub busy_ms: Option<u32>,
+    pub splits: Option<u32>,
+    pub wg: Option<u32>,
+    /// `--shader-checks`: compile with all of wgpu's shader runtime checks (loop bounding too).
+    pub shader_checks: bool,
+    pub unfused: bool,
+    /// `--wait`; None: see [`Args::wait_on`].
+    pub wait: Option<Wait>,
+    pub csv: Option<String>,
+    pub plot: Option<String>,
+    /// A sweep CSV to plot again (with `--plot`) instead of measuring.
+    pub replot: Option<String>,
+    pub mem_budget: Option<f64>,
+}
+
+impl Args {
+    /// How to wait for a step on `ctx`: as asked, else spin on a GPU and block on a CPU
+    /// adapter (whose worker threads need the cores).
+    pub fn wait_on(&self, ctx: &GpuContext) -> Wait {
+        self.wait.unwrap_or(if ctx.is_cpu() {
+            Wait::Block
+        } else {
+            Wait::Spin
+        })
+    }
+}
+
+impl Default for Args {
+    fn default() -> Args {
+        Args {
+            model: None,
+            ctx: None,
+            codecs: vec!["none".into()],
+            batch: 1,
+            steps: None,
+            warmup: 5,
+            busy_ms: None,
+            splits: None,
+            wg: None,
+            shader_checks: false,
+            unfused: false,
+            wait: None,
+            csv: None,
+            plot: None,
+            replot: None,
+            mem_budget: None,
+        }
+    }
+}
+
+/// Parses the process's arguments; `--help` prints [`USAGE`] and exits.
+pub fn parse_args() -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut it = std::env::args().skip(1);
+    // Flags that measure (all but --plot and --replot): --replot takes none of them.
+    let mut measuring = Vec::new();
+    while let Some(flag) = it.next() {
+        if flag != "--plot" && flag != "--replot" {
+            measuring.push(flag.clone());
+        }
+        match flag.as_str() {
+            "--unfused" => a.unfused = true,
+            "--shader-checks" => a.shader_checks = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            _ => {
+                let val = it.next().ok_or(format!("{flag} needs a value"))?;
+                set_valued(&mut a, &flag, val)?;
+            }
+        }
+    }
+    if a.replot.is_some() {
+        if let Some(f) = measuring.first() {
+            return Err(format!("--replot takes only --plot, not {f}"));
+        }
+        if a.plot.is_none() {
+            return Err("--replot needs --plot FILE.svg".into());
+        }
+    }
+    Ok(a)
+}
+
+/// Sets the flag that takes a value (`--ctx 4096`) on `a`.
+fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
+    let num = |v: &str| {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{flag}: '{v}' is not a whole number"))
+    };
+    match flag {
+        "--model" => a.model = Some(val),
+        "--ctx" => a.ctx = Some(val.split(',').map(num).collect::<Result<_, _>>()?),
+        "--codecs" => a.codecs = split_codecs(&val),
+        "--steps" => a.steps = Some(num(&val)? as usize),
+        "--warmup" => a.warmup = num(&val)? as usize,
+        "--busy" => a.busy_ms = Some(num(&val)?),
+        "--splits" => a.splits = Some(num(&val)?),
+        "--batch" => {
+            a.batch = num(&val)?;
+            if a.batch == 0 {
+                return Err("--batch must be at least 1".into());
+            }
+        }
+        "--wg" => a.wg = Some(num(&val)?),
+        "--wait" => {
+            a.wait = match val.as_str() {
+                "spin" => Some(Wait::Spin),
+                "block" => Some(Wait::Block),
+                _ => return Err(format!("--wait: '{val}' is not spin or block")),
+            }
+        }
+        "--csv" => a.csv = Some(val),
+        "--plot" => a.plot = Some(val),
+        "--replot" => a.replot = Some(val),
+        "--mem-budget" => {
+            let gib: f64 = val
+                .trim()
+                .parse()
+                .map_err(|_| format!("--mem-budget: '{val}' is not a number of GiB"))?;
+            a.mem_budget = Some(gib);
+        }
+        _ => return Err(format!("unknown flag {flag}")),
+    }
+    Ok(())
+}

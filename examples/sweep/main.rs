@@ -1,0 +1,137 @@
+//! Decode sweep: measures the adapter's read bandwidth once, then for each (codec, context)
+//! fills a cache to the context and times decode steps (append + attend for every layer, one
+//! submit per step; the step time is the host clock around submit + wait, the recording is
+//! timed on its own; on a GPU the wait spins on the queue, as CUDA's default synchronize does,
+//! unless `--wait block`). Prints a progress bar (stderr, on a terminal; plain lines
+//! otherwise), a table (stdout), each codec's device memory by part, and writes a CSV and an
+//! SVG plot.
+//!
+//! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
+//! --csv out.csv --plot out.svg`. On a CPU adapter with no --model/--ctx given it picks small
+//! sizes by itself so the default command finishes in seconds. `--replot FILE.csv --plot
+//! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU); its
+//! title names the CSV file where a sweep's names the device.
+//!
+//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the bandwidth
+//! probe), [`measure`] (the timed runs), [`timing`] (their clocks), [`progress`] (stderr),
+//! [`report`] (the table), [`csv`] (the CSV, both ways), [`plot`] (the SVG).
+
+mod args;
+mod csv;
+mod measure;
+mod plan;
+mod plot;
+mod probe;
+mod progress;
+mod report;
+mod timing;
+
+#[path = "../shared/codec_list.rs"]
+mod codec_list;
+#[path = "../shared/models.rs"]
+mod models;
+
+use std::io::Write;
+use std::time::Instant;
+
+use kvq::GpuContext;
+use kvq::memory::fmt_bytes;
+
+use args::{Args, USAGE, parse_args};
+use measure::{PointRun, Row, Skip};
+use plan::Plan;
+use plot::{Point, plot_title};
+use progress::Progress;
+
+/// Ends the sweep with `sweep: {msg}` on stderr: exit 2 for a bad command line, 1 otherwise.
+fn fail(code: i32, msg: impl std::fmt::Display) -> ! {
+    eprintln!("sweep: {msg}");
+    std::process::exit(code);
+}
+
+fn main() {
+    let args = parse_args().unwrap_or_else(|e| fail(2, format!("{e}\n{USAGE}")));
+    if let (Some(csv), Some(svg)) = (&args.replot, &args.plot) {
+        let (points, title) =
+            csv::read_points(csv).unwrap_or_else(|e| fail(1, format!("cannot replot {csv}: {e}")));
+        plot::save(svg, &points, &title);
+        return;
+    }
+    let ctx = GpuContext::new()
+        .unwrap_or_else(|e| fail(1, e))
+        .with_shader_checks(args.shader_checks);
+    let wait = args.wait_on(&ctx);
+    let plan = Plan::new(&args, &ctx).unwrap_or_else(|e| fail(2, e));
+    let peak = probe::peak_bandwidth(&ctx);
+    let rows = run_points(&ctx, &plan, &args);
+    let derived = report::derive(&rows, peak.as_ref());
+    report::print(&rows, &derived, peak.as_ref(), wait);
+    if let Some(path) = &args.csv {
+        let text = csv::text(&rows, &derived, plan.model.name, peak.as_ref(), wait);
+        match std::fs::File::create(path).and_then(|mut f| f.write_all(text.as_bytes())) {
+            Ok(()) => eprintln!("wrote {path}"),
+            Err(e) => fail(1, format!("cannot write {path}: {e}")),
+        }
+    }
+    if let Some(path) = &args.plot {
+        let m = plan.model;
+        let title = plot_title(m.name, m.layers, &ctx.info.name);
+        let points: Vec<Point> = rows
+            .iter()
+            .map(|r| Point {
+                codec: r.codec.clone(),
+                ctx: r.ctx,
+                tok_s: r.tok_s(),
+            })
+            .collect();
+        plot::save(path, &points, &title);
+    }
+}
+
+/// Every (context, codec) point, contexts outermost: one line each as it ends (measured,
+/// skipped or failed), and the measured rows in that order.
+fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
+    let total = plan.codecs.len() * plan.ctxs.len();
+    let progress = Progress::new(total);
+    for &c in &plan.ctxs {
+        for (name, codecs) in &plan.codecs {
+            let t = Instant::now();
+            let result = match plan.over_budget(*codecs, c, args) {
+                Some(why) => Err(Skip::Skipped(why)),
+                None => PointRun {
+                    ctx,
+                    model: plan.model,
+                    args,
+                    steps: plan.steps,
+                    progress: &progress,
+                    name,
+                    codecs: *codecs,
+                    context: c,
+                }
+                .run(),
+            };
+            match result {
+                Ok(r) => {
+                    progress.line(format!(
+                        "[{}/{total}] {name} ctx {c}: {:.3} ms/step, {} on the device ({:.1} s)",
+                        rows.len() + 1,
+                        r.step_ms,
+                        fmt_bytes(r.mem.total()),
+                        t.elapsed().as_secs_f64()
+                    ));
+                    rows.push(r);
+                }
+                Err(Skip::Skipped(why)) => {
+                    progress.line(format!("skipped ctx={c} codec={name}: {why}"))
+                }
+                Err(Skip::Failed(why)) => {
+                    progress.line(format!("failed ctx={c} codec={name}: {why}"))
+                }
+            }
+            progress.point_done();
+        }
+    }
+    progress.finish();
+    rows
+}

@@ -1,0 +1,397 @@
+//! The timed runs: one (codec, context) point fills a cache to its context from random K/V,
+//! raises the GPU's clocks, then times decode steps (append + attend for every layer, one
+//! submit per step).
+
+use std::time::{Duration, Instant};
+
+use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryReport};
+
+use crate::args::Args;
+use crate::models::Model;
+use crate::progress::Progress;
+use crate::timing::{Timestamps, median, ms, submit_and_wait, wait_for};
+
+/// One measured (codec, ctx) point.
+pub struct Row {
+    pub codec: String,
+    pub ctx: u32,
+    pub layers: u32,
+    /// Host time around submit + wait: the step's commands are recorded beforehand, as an
+    /// engine records the next step while the GPU runs the current one (and as the CUDA-graph
+    /// anchor replays a recording).
+    pub step_ms: f64,
+    /// Host time to record the step's commands (not in step_ms).
+    pub record_ms: f64,
+    /// record + submit + wait: the step with nothing overlapped.
+    pub wall_ms: f64,
+    pub gpu_ms: Option<f64>,
+    /// K/V bytes a step must read.
+    pub bytes: u64,
+    pub bits_k: f64,
+    pub bits_v: f64,
+    pub host_bytes: f64,
+    pub dispatches: f64,
+    /// The cache's device memory by part.
+    pub mem: MemoryReport,
+    /// Decode splits per KV head the cache used.
+    pub splits: u32,
+    /// Sequences per step.
+    pub batch: u32,
+}
+
+impl Row {
+    pub fn tok_s(&self) -> f64 {
+        tok_s(self.batch as f64, self.step_ms)
+    }
+}
+
+/// Attention tokens per second: one per sequence per step (for a row and for a CSV read back,
+/// so a replot shows what the sweep printed).
+pub fn tok_s(batch: f64, step_ms: f64) -> f64 {
+    batch * 1e3 / step_ms
+}
+
+/// Why a point has no row.
+pub enum Skip {
+    /// The point cannot run here (does not fit, or the GPU path lacks the codec): one line.
+    Skipped(String),
+    /// Something failed while it ran.
+    Failed(String),
+}
+
+impl From<String> for Skip {
+    fn from(s: String) -> Skip {
+        Skip::Failed(s)
+    }
+}
+
+impl From<KvqError> for Skip {
+    fn from(e: KvqError) -> Skip {
+        Skip::Failed(e.to_string())
+    }
+}
+
+impl From<wgpu::PollError> for Skip {
+    fn from(e: wgpu::PollError) -> Skip {
+        Skip::Failed(e.to_string())
+    }
+}
+
+/// Tokens a point's cache holds: the context, then one per warm-up and timed step, and one
+/// spare. The memory budget is checked against the same number the cache is built with.
+pub fn capacity(context: u32, warmup: usize, steps: usize) -> u32 {
+    context + (warmup + steps) as u32 + 1
+}
+
+/// Deterministic, approximately normal values: every run of a point reads the same K/V.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        // SplitMix64 -> approximately normal (sum of 4 uniforms, variance 1).
+        let mut s = 0.0;
+        for _ in 0..4 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            s += (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+        }
+        s * 3f32.sqrt()
+    }
+
+    fn halves(&mut self, n: usize) -> Vec<u16> {
+        (0..n)
+            .map(|_| half::f16::from_f32(self.next()).to_bits())
+            .collect()
+    }
+
+    /// A K and a V storage buffer of `n` random f16 values each.
+    fn kv(&mut self, ctx: &GpuContext, n: usize) -> (wgpu::Buffer, wgpu::Buffer) {
+        let k = storage(ctx, "sweep input", &self.halves(n));
+        let v = storage(ctx, "sweep input", &self.halves(n));
+        (k, v)
+    }
+}
+
+fn storage<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, data: &[T]) -> wgpu::Buffer {
+    use wgpu::util::DeviceExt;
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(data),
+            usage: wgpu::BufferUsages::STORAGE,
+        })
+}
+
+/// What one point runs on and with: shared by its phases.
+pub struct PointRun<'a> {
+    pub ctx: &'a GpuContext,
+    pub model: &'a Model,
+    pub args: &'a Args,
+    /// Timed steps (after `args.warmup` untimed ones).
+    pub steps: usize,
+    pub progress: &'a Progress,
+    pub name: &'a str,
+    pub codecs: KvCodecs,
+    pub context: u32,
+}
+
+/// A filled cache's per-step bindings: one new token's K/V per layer (distinct buffers), a
+/// query and an output.
+struct StepInputs {
+    io: kvq::AttendIo,
+    /// Per layer: the fused step's bindings.
+    step_io: Vec<kvq::StepIo>,
+    /// Per layer: the separate append's (for --unfused).
+    step_in: Vec<kvq::AppendInput>,
+    // The buffers bound above, kept as long as their bindings.
+    _kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    _q: wgpu::Buffer,
+    _out: wgpu::Buffer,
+}
+
+/// The timed steps' medians and the device's counters over them.
+struct Timed {
+    host_ms: f64,
+    record_ms: f64,
+    wall_ms: f64,
+    gpu_ms: Option<f64>,
+    stats: kvq::TransferStats,
+}
+
+impl PointRun<'_> {
+    /// Measures the point; a cache that cannot be built is [`Skip::Skipped`].
+    pub fn run(&self) -> Result<Row, Skip> {
+        let (m, args) = (self.model, self.args);
+        let mut spec = CacheSpec::new(
+            m.layers,
+            m.q_heads,
+            m.kv_heads,
+            m.head_dim,
+            capacity(self.context, args.warmup, self.steps),
+        )
+        .with_codecs(self.codecs)
+        .with_batch(args.batch);
+        spec.splits = args.splits;
+        spec.workgroup = args.wg;
+        self.status("allocating");
+        let mut cache = KvCache::new(self.ctx, spec).map_err(|e| Skip::Skipped(e.to_string()))?;
+        self.status("filling");
+        let mut rng = Rng(self.context as u64 * 31 + m.layers as u64);
+        self.fill(&mut cache, &mut rng)?;
+        let inputs = self.step_inputs(&cache, &mut rng)?;
+        self.raise_clocks(&cache, &inputs.io)?;
+        let t = self.time_steps(&mut cache, &inputs)?;
+        let l = cache.layout();
+        // Bytes a step must read: every stored row of every layer at the mid-run length.
+        let len = self.context as u64 + (args.warmup + self.steps / 2) as u64;
+        let bytes = args.batch as u64
+            * m.layers as u64
+            * m.kv_heads as u64
+            * len
+            * (l.k_row_bytes + l.v_row_bytes);
+        Ok(Row {
+            codec: self.name.to_string(),
+            ctx: self.context,
+            layers: m.layers,
+            step_ms: t.host_ms,
+            record_ms: t.record_ms,
+            wall_ms: t.wall_ms,
+            gpu_ms: t.gpu_ms,
+            bytes,
+            bits_k: self.codecs.k.bits_per_value(m.head_dim),
+            bits_v: self.codecs.v.bits_per_value(m.head_dim),
+            host_bytes: (t.stats.bytes_uploaded + t.stats.bytes_downloaded) as f64
+                / self.steps as f64,
+            dispatches: t.stats.dispatches as f64 / self.steps as f64,
+            mem: cache.memory(),
+            splits: l.splits,
+            batch: args.batch,
+        })
+    }
+
+    /// What is running now, on the progress bar.
+    fn status(&self, what: impl std::fmt::Display) {
+        self.progress
+            .status(format!("{} ctx {}: {what}", self.name, self.context));
+    }
+
+    /// Fills the cache to the point's context from a few random chunks (never zeros),
+    /// uploaded once, then waits for the device.
+    fn fill(&self, cache: &mut KvCache, rng: &mut Rng) -> Result<(), Skip> {
+        let (ctx, m, context) = (self.ctx, self.model, self.context);
+        let chunk = 256u32.min(context.max(1));
+        let per_tok = self.per_token();
+        let chunks: Vec<_> = (0..4)
+            .map(|_| rng.kv(ctx, chunk as usize * per_tok))
+            .collect();
+        let inputs: Vec<_> = chunks
+            .iter()
+            .map(|(k, v)| cache.append_input(k, v, chunk, InputType::F16))
+            .collect::<Result<_, _>>()?;
+        let mut filled = 0;
+        let mut i = 0;
+        while filled + chunk <= context {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for layer in 0..m.layers {
+                    cache.append_in_pass(&mut pass, layer, &inputs[(i + layer as usize) % 4])?;
+                }
+            }
+            ctx.queue.submit([enc.finish()]);
+            filled += chunk;
+            if i % 32 == 0 {
+                self.status(format_args!("filling {filled}/{context}"));
+            }
+            i += 1;
+        }
+        let rest = context - filled;
+        if rest > 0 {
+            let (k, v) = rng.kv(ctx, rest as usize * per_tok);
+            let input = cache.append_input(&k, &v, rest, InputType::F16)?;
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            for layer in 0..m.layers {
+                cache.append(&mut enc, layer, &input)?;
+            }
+            ctx.queue.submit([enc.finish()]);
+        }
+        ctx.device.poll(wgpu::PollType::wait_indefinitely())?;
+        Ok(())
+    }
+
+    /// Values in one token of every sequence: inputs are [batch, n, kv_heads, head_dim].
+    fn per_token(&self) -> usize {
+        (self.args.batch * self.model.kv_heads * self.model.head_dim) as usize
+    }
+
+    fn step_inputs(&self, cache: &KvCache, rng: &mut Rng) -> Result<StepInputs, Skip> {
+        let (ctx, m) = (self.ctx, self.model);
+        let step_kv: Vec<_> = (0..m.layers)
+            .map(|_| rng.kv(ctx, self.per_token()))
+            .collect();
+        let qn = (self.args.batch * m.q_heads * m.head_dim) as usize;
+        let q: Vec<f32> = (0..qn).map(|_| rng.next()).collect();
+        let qb = storage(ctx, "q", &q);
+        let ob = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("out"),
+            size: qn as u64 * 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let io = cache.attend_io(&qb, &ob)?;
+        let step_io = step_kv
+            .iter()
+            .map(|(k, v)| cache.step_io(k, v, 1, InputType::F16, &qb, &ob))
+            .collect::<Result<_, _>>()?;
+        let step_in = step_kv
+            .iter()
+            .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
+            .collect::<Result<_, _>>()?;
+        Ok(StepInputs {
+            io,
+            step_io,
+            step_in,
+            _kv: step_kv,
+            _q: qb,
+            _out: ob,
+        })
+    }
+
+    /// GPUs lower their clocks while mostly idle (measured on the H200: 540-1170 MHz instead
+    /// of 1980 between points, and short steps leave the GPU idle a third of the time), which
+    /// made whole 1k-4k points 1.5-6x slow. Attends back to back (they change no length) bring
+    /// the clocks up before the warm-up steps, as a model's other layers would in an engine.
+    fn raise_clocks(&self, cache: &KvCache, io: &kvq::AttendIo) -> Result<(), Skip> {
+        let ctx = self.ctx;
+        let busy = self
+            .args
+            .busy_ms
+            .unwrap_or(if ctx.is_cpu() { 0 } else { 300 });
+        if busy == 0 {
+            return Ok(());
+        }
+        self.status("raising clocks");
+        let t0 = Instant::now();
+        let mut n = 0u32;
+        while t0.elapsed() < Duration::from_millis(busy as u64) {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for layer in 0..self.model.layers {
+                    cache.attend_in_pass(&mut pass, layer, io)?;
+                }
+            }
+            let idx = ctx.queue.submit([enc.finish()]);
+            n += 1;
+            // A few submissions in flight keep the GPU busy without an unbounded queue.
+            if n.is_multiple_of(4) {
+                wait_for(ctx, idx)?;
+            }
+        }
+        ctx.device.poll(wgpu::PollType::wait_indefinitely())?;
+        Ok(())
+    }
+
+    /// Runs the warm-up and timed steps, each recorded before the clock around its submit +
+    /// wait starts.
+    fn time_steps(&self, cache: &mut KvCache, inputs: &StepInputs) -> Result<Timed, Skip> {
+        let (ctx, args) = (self.ctx, self.args);
+        let total = args.warmup + self.steps;
+        let ts = Timestamps::new(ctx, total);
+        let mut host_ms = Vec::new();
+        let mut record_ms = Vec::new();
+        let mut wall_ms = Vec::new();
+        let mut before = ctx.stats();
+        for s in 0..total {
+            // Outside the timed part of the step.
+            self.status(format_args!("step {}/{total}", s + 1));
+            if s == args.warmup {
+                before = ctx.stats();
+            }
+            let t0 = Instant::now();
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("decode step"),
+                    timestamp_writes: ts.as_ref().map(|t| t.writes(s)),
+                });
+                for layer in 0..self.model.layers {
+                    let l = layer as usize;
+                    if args.unfused {
+                        cache.append_in_pass(&mut pass, layer, &inputs.step_in[l])?;
+                        cache.attend_in_pass(&mut pass, layer, &inputs.io)?;
+                    } else {
+                        cache.step_in_pass(&mut pass, layer, &inputs.step_io[l])?;
+                    }
+                }
+            }
+            if let Some(t) = &ts {
+                t.resolve(&mut enc, s);
+            }
+            let cmd = enc.finish();
+            let recorded = t0.elapsed();
+            let t_submit = Instant::now();
+            submit_and_wait(ctx, cmd, args.wait_on(ctx))?;
+            if s >= args.warmup {
+                host_ms.push(ms(t_submit.elapsed()));
+                record_ms.push(ms(recorded));
+                wall_ms.push(ms(t0.elapsed()));
+            }
+        }
+        let stats = ctx.stats() - before;
+        let gpu_ms = match &ts {
+            Some(t) => Some(median(&mut t.read_ms(ctx, args.warmup..total)?)),
+            None => None,
+        };
+        Ok(Timed {
+            host_ms: median(&mut host_ms),
+            record_ms: median(&mut record_ms),
+            wall_ms: median(&mut wall_ms),
+            gpu_ms,
+            stats,
+        })
+    }
+}

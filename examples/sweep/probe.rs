@@ -1,0 +1,242 @@
+//! The bandwidth probe: the adapter's streaming read bandwidth, measured once before the
+//! points, is the reference each point's `bw_fraction` (`%peak`) is taken of.
+
+use std::time::Instant;
+
+use kvq::GpuContext;
+use kvq::memory::fmt_bytes;
+
+use crate::timing::{Timestamps, gbps, median, ms, wait_for};
+
+/// The adapter's measured streaming read bandwidth.
+pub struct PeakBandwidth {
+    pub gbps: f64,
+    pub bytes: u64,
+    /// How it was timed.
+    pub how: &'static str,
+}
+
+const READ_KERNEL: &str = r#"
+@group(0) @binding(0) var<storage, read_write> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> sink: array<u32>;
+
+// Fills the buffer with hashed words (no zeros: nothing to compress or skip).
+@compute @workgroup_size(256)
+fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let n = arrayLength(&src);
+    for (var i = gid.x; i < n; i += nwg.x * 256u) {
+        let h = (i ^ 0x9e3779b9u) * 0x85ebca6bu;
+        src[i] = vec4<u32>(h, h ^ 0xdeadbeefu, h * 3u + 1u, ~h);
+    }
+}
+
+// Reads every 16-byte element once, four independent loads in flight per invocation; the
+// XOR of everything decides a store that never happens, so no load can be dropped.
+@compute @workgroup_size(256)
+fn read(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let n = arrayLength(&src);
+    let stride = nwg.x * 256u;
+    var a = vec4<u32>(0u);
+    var b = vec4<u32>(0u);
+    var c = vec4<u32>(0u);
+    var d = vec4<u32>(0u);
+    var i = gid.x;
+    for (; i + 3u * stride < n; i += 4u * stride) {
+        a ^= src[i];
+        b ^= src[i + stride];
+        c ^= src[i + 2u * stride];
+        d ^= src[i + 3u * stride];
+    }
+    for (; i < n; i += stride) {
+        a ^= src[i];
+    }
+    let x = a ^ b ^ c ^ d;
+    if (x.x ^ x.y ^ x.z ^ x.w) == 0x7fffffffu && x.x == 0x1234567u {
+        sink[0] = x.x;
+    }
+}
+"#;
+
+/// Measures the peak and prints it (or why it was not measured) on stderr; None when the
+/// probe failed, and the sweep goes on without `%peak`.
+pub fn peak_bandwidth(ctx: &GpuContext) -> Option<PeakBandwidth> {
+    match measure_read_bandwidth(ctx) {
+        Ok(p) => {
+            eprintln!(
+                "peak bandwidth: {:.1} GB/s: a streaming read kernel over {}, {} (copy_gbps; bw_fraction is GB/s over this)",
+                p.gbps,
+                fmt_bytes(p.bytes),
+                p.how
+            );
+            Some(p)
+        }
+        Err(e) => {
+            eprintln!("peak bandwidth: not measured ({e})");
+            None
+        }
+    }
+}
+
+/// Times [`READ_KERNEL`] over one large buffer (1 GiB on a GPU, 64 MiB on a CPU adapter; at
+/// most one storage binding): GPU timestamps where the device has them, else the host clock
+/// around submit + wait. Median of several runs after a warm-up. A validation error anywhere
+/// in it is the probe's error, not a panic.
+fn measure_read_bandwidth(ctx: &GpuContext) -> Result<PeakBandwidth, String> {
+    let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let r = ReadKernel::new(ctx).and_then(|k| k.time(ctx));
+    match pollster::block_on(scope.pop()) {
+        Some(e) => Err(e.to_string()),
+        None => r,
+    }
+}
+
+/// The probe's buffer, its two pipelines (fill, read) and their bindings.
+struct ReadKernel {
+    bytes: u64,
+    fill: wgpu::ComputePipeline,
+    read: wgpu::ComputePipeline,
+    bind: wgpu::BindGroup,
+    /// Each invocation reads at least 16 elements; as many workgroups as the device allows.
+    groups: u32,
+    // Bound by `bind`; kept with it.
+    _buffers: [wgpu::Buffer; 2],
+}
+
+impl ReadKernel {
+    fn new(ctx: &GpuContext) -> Result<ReadKernel, String> {
+        let dev = &ctx.device;
+        let limits = dev.limits();
+        let want: u64 = if ctx.is_cpu() { 64 << 20 } else { 1 << 30 };
+        let bytes = want
+            .min(limits.max_storage_buffer_binding_size)
+            .min(limits.max_buffer_size)
+            / 16
+            * 16;
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = |label, size| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let src = buffer("sweep bandwidth src", bytes);
+        let sink = buffer("sweep bandwidth sink", 16);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(format!("cannot allocate {}: {e}", fmt_bytes(bytes)));
+        }
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("sweep bandwidth"),
+            source: wgpu::ShaderSource::Wgsl(READ_KERNEL.into()),
+        });
+        let entry = |binding| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let bgl = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: None,
+            entries: &[entry(0), entry(1)],
+        });
+        let layout = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: None,
+            bind_group_layouts: &[Some(&bgl)],
+            immediate_size: 0,
+        });
+        let pipe = |entry: &str| {
+            dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        let (fill, read) = (pipe("fill"), pipe("read"));
+        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &bgl,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: src.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: sink.as_entire_binding(),
+                },
+            ],
+        });
+        let groups = (bytes / 16)
+            .div_ceil(256 * 16)
+            .clamp(1, limits.max_compute_workgroups_per_dimension as u64)
+            as u32;
+        Ok(ReadKernel {
+            bytes,
+            fill,
+            read,
+            bind,
+            groups,
+            _buffers: [src, sink],
+        })
+    }
+
+    /// Records one pass of `pipe` over the whole buffer.
+    fn pass(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        pipe: &wgpu::ComputePipeline,
+        desc: &wgpu::ComputePassDescriptor,
+    ) {
+        let mut pass = enc.begin_compute_pass(desc);
+        pass.set_pipeline(pipe);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(self.groups, 1, 1);
+    }
+
+    /// Fills the buffer once, then times the read passes.
+    fn time(&self, ctx: &GpuContext) -> Result<PeakBandwidth, String> {
+        let dev = &ctx.device;
+        let (warmup, runs): (usize, usize) = if ctx.is_cpu() { (1, 3) } else { (3, 10) };
+        let ts = Timestamps::new(ctx, runs);
+        let wait = |idx| wait_for(ctx, idx).map_err(|e| e.to_string());
+        let mut enc = dev.create_command_encoder(&Default::default());
+        self.pass(&mut enc, &self.fill, &Default::default());
+        wait(ctx.queue.submit([enc.finish()]))?;
+        let mut host_ms = Vec::new();
+        for r in 0..warmup + runs {
+            let t0 = Instant::now();
+            let mut enc = dev.create_command_encoder(&Default::default());
+            let slot = r.checked_sub(warmup);
+            let timed = ts.as_ref().zip(slot);
+            let desc = wgpu::ComputePassDescriptor {
+                label: Some("sweep read bandwidth"),
+                timestamp_writes: timed.map(|(t, s)| t.writes(s)),
+            };
+            self.pass(&mut enc, &self.read, &desc);
+            if let Some((t, s)) = timed {
+                t.resolve(&mut enc, s);
+            }
+            wait(ctx.queue.submit([enc.finish()]))?;
+            if slot.is_some() {
+                host_ms.push(ms(t0.elapsed()));
+            }
+        }
+        let (ms, how) = match &ts {
+            Some(t) => (median(&mut t.read_ms(ctx, 0..runs)?), "GPU timestamps"),
+            None => (median(&mut host_ms), "host clock around submit + wait"),
+        };
+        Ok(PeakBandwidth {
+            gbps: gbps(self.bytes, ms),
+            bytes: self.bytes,
+            how,
+        })
+    }
+}

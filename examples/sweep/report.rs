@@ -1,0 +1,125 @@
+//! The results on stdout: the table, the notes on what its columns mean, and each codec's
+//! device memory by part.
+
+use kvq::memory::fmt_bytes;
+
+use crate::args::Wait;
+use crate::measure::Row;
+use crate::probe::PeakBandwidth;
+use crate::timing::gbps;
+
+/// A row's values that depend on other rows or on the peak: computed once for the table and
+/// the CSV, which must agree.
+pub struct Derived {
+    /// K/V bytes a step must read over its GPU time (host time where untimed).
+    pub gbps: f64,
+    /// step_ms over `none`'s at the same context.
+    pub ratio: Option<f64>,
+    /// `gbps` over the peak.
+    pub frac: Option<f64>,
+}
+
+pub fn derive(rows: &[Row], peak: Option<&PeakBandwidth>) -> Vec<Derived> {
+    let none_ms = |c: u32| {
+        rows.iter()
+            .find(|r| r.codec == "none" && r.ctx == c)
+            .map(|r| r.step_ms)
+    };
+    rows.iter()
+        .map(|r| {
+            let gbps = gbps(r.bytes, r.gpu_ms.unwrap_or(r.step_ms));
+            Derived {
+                gbps,
+                ratio: none_ms(r.ctx).map(|n| r.step_ms / n),
+                frac: peak.map(|p| gbps / p.gbps),
+            }
+        })
+        .collect()
+}
+
+/// `v` to `p` decimals, `-` where there is none (untimed, no baseline, no peak).
+pub fn fmt_opt(v: Option<f64>, p: usize) -> String {
+    v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into())
+}
+
+/// Distinct names in the order they first come (the plot's legend, the memory lines).
+pub fn first_seen<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen: Vec<&str> = Vec::new();
+    for n in names {
+        if !seen.contains(&n) {
+            seen.push(n);
+        }
+    }
+    seen
+}
+
+/// Prints the table, its notes and the memory by part.
+pub fn print(rows: &[Row], derived: &[Derived], peak: Option<&PeakBandwidth>, wait: Wait) {
+    print_table(rows, derived);
+    println!(
+        "step_ms: host clock around submit + wait ({}), the step recorded beforehand; record_ms: the recording",
+        wait.name()
+    );
+    if let Some(p) = peak {
+        println!(
+            "GB/s: K/V bytes a step must read over its GPU time (host time where untimed); %peak: that over {:.1} GB/s, the adapter's streaming read bandwidth ({})",
+            p.gbps, p.how
+        );
+    }
+    print_memory(rows);
+}
+
+fn print_table(rows: &[Row], derived: &[Derived]) {
+    println!(
+        "\n{:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>5} {:>5} {:>6} {:>5} {:>10}",
+        "codec",
+        "ctx",
+        "step_ms",
+        "record_ms",
+        "gpu_ms",
+        "tok/s",
+        "GB/s",
+        "%peak",
+        "vs_none",
+        "bitsK",
+        "bitsV",
+        "host_B",
+        "disp",
+        "device_mem"
+    );
+    for (r, d) in rows.iter().zip(derived) {
+        println!(
+            "{:<22} {:>7} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6} {:>7} {:>5.2} {:>5.2} {:>6.0} {:>5.0} {:>10}",
+            r.codec,
+            r.ctx,
+            r.step_ms,
+            r.record_ms,
+            fmt_opt(r.gpu_ms, 3),
+            r.tok_s(),
+            d.gbps,
+            fmt_opt(d.frac.map(|f| 100.0 * f), 1),
+            fmt_opt(d.ratio, 3),
+            r.bits_k,
+            r.bits_v,
+            r.host_bytes,
+            r.dispatches,
+            fmt_bytes(r.mem.total())
+        );
+    }
+}
+
+/// Device memory by part: one line per codec, at the largest context it ran, in the order
+/// the codecs last ran.
+fn print_memory(rows: &[Row]) {
+    println!("\ndevice memory by part (largest context run):");
+    let last_first = first_seen(rows.iter().rev().map(|r| r.codec.as_str()));
+    for name in last_first.iter().rev() {
+        if let Some(r) = rows
+            .iter()
+            .filter(|r| r.codec == *name)
+            .max_by_key(|r| r.ctx)
+        {
+            println!("{:<22} ctx {:>7}: {}", r.codec, r.ctx, r.mem);
+        }
+    }
+}
