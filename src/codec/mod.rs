@@ -79,6 +79,7 @@
 //! `none` 64, `q8` 34 (8.5 bits/value), `q4` 18 (4.5), `turbo3`/`iso3`/`rotor3` 13 (3.25),
 //! `iso3b` 14 (3.5), `rotor3b` 15 (3.75), `turbo3+qjl` 18 (4.5).
 
+mod family;
 pub mod lloyd;
 pub mod reference;
 pub mod rotation;
@@ -87,6 +88,8 @@ mod tests;
 
 pub use lloyd::{Codebook, codebook};
 pub use reference::{CodecRef, get_bits, put_bits};
+
+pub(crate) use family::FAMILIES;
 
 use crate::error::KvqError;
 
@@ -106,28 +109,13 @@ pub enum CodecKind {
 }
 
 impl CodecKind {
-    /// Every family, in the order of their kernel numbers.
-    pub const ALL: [CodecKind; 5] = [
-        CodecKind::None,
-        CodecKind::Sym,
-        CodecKind::Turbo,
-        CodecKind::Rotor,
-        CodecKind::Iso,
-    ];
-
     /// Whether this family rotates and uses Lloyd–Max codes (turbo, rotor, iso).
     pub fn is_rotated(self) -> bool {
-        matches!(self, CodecKind::Turbo | CodecKind::Rotor | CodecKind::Iso)
+        self.family().rotated
     }
 
     fn prefix(self) -> &'static str {
-        match self {
-            CodecKind::None => "none",
-            CodecKind::Sym => "q",
-            CodecKind::Turbo => "turbo",
-            CodecKind::Rotor => "rotor",
-            CodecKind::Iso => "iso",
-        }
+        self.family().prefix
     }
 }
 
@@ -299,8 +287,10 @@ impl Codec {
             Some(b) => (b, ScaleMode::Block32),
             None => (base, ScaleMode::PerVector),
         };
-        let kinds = [CodecKind::Turbo, CodecKind::Rotor, CodecKind::Iso];
-        let kind = kinds.into_iter().find(|k| base.starts_with(k.prefix()))?;
+        let kind = FAMILIES
+            .iter()
+            .find(|f| f.rotated && base.starts_with(f.prefix))?
+            .kind;
         let digits = &base[kind.prefix().len()..];
         if digits.len() != 1 {
             return None;
@@ -319,9 +309,10 @@ impl Codec {
     /// Every single-codec name [`Codec::parse`] accepts.
     pub fn valid_names() -> Vec<String> {
         let mut v = vec!["none".to_string(), "q8".into(), "q4".into()];
-        for kind in [CodecKind::Turbo, CodecKind::Rotor, CodecKind::Iso] {
+        for f in FAMILIES.iter().filter(|f| f.rotated) {
+            let kind = f.kind;
             for scale in [ScaleMode::PerVector, ScaleMode::Block32] {
-                for bits in 1..=4 {
+                for bits in f.bits.iter().copied().filter(|&b| b > 0) {
                     let c = Codec {
                         kind,
                         bits,
@@ -347,13 +338,16 @@ impl Codec {
 
     /// Checks that the fields form a codec this crate implements (independent of `D`).
     pub fn validate(&self) -> Result<(), KvqError> {
-        let ok = match self.kind {
-            CodecKind::None => self.bits == 16 && !self.qjl && self.scale == ScaleMode::PerVector,
-            CodecKind::Sym => {
-                (self.bits == 8 || self.bits == 4) && !self.qjl && self.scale == ScaleMode::Block32
-            }
-            _ => (1..=4).contains(&self.bits) || (self.bits == 0 && self.qjl),
-        };
+        let f = self.kind.family();
+        // QJL and the scale mode are the rotated families' options; sym's scales are always
+        // per block. 0 bits only with QJL.
+        let ok = f.bits.contains(&self.bits)
+            && (self.bits > 0 || self.qjl)
+            && match self.kind {
+                CodecKind::None => !self.qjl && self.scale == ScaleMode::PerVector,
+                CodecKind::Sym => !self.qjl && self.scale == ScaleMode::Block32,
+                _ => f.rotated,
+            };
         if ok {
             Ok(())
         } else {
@@ -380,16 +374,8 @@ impl Codec {
         if !head_dim.is_multiple_of(8) || !(8..=256).contains(&head_dim) {
             return err("head_dim must be a multiple of 8 between 8 and 256");
         }
-        match self.kind {
-            CodecKind::Sym if !head_dim.is_multiple_of(32) => {
-                err("sym codecs need a multiple of 32 (one scale per 32 values)")
-            }
-            CodecKind::Turbo if !head_dim.is_multiple_of(32) => {
-                err("turbo needs a multiple of 32 (Hadamard blocks of at least 32)")
-            }
-            CodecKind::Iso if !head_dim.is_multiple_of(4) => {
-                err("iso needs a multiple of 4 (quaternion groups)")
-            }
+        match self.kind.family().head_dim_multiple {
+            Some((m, why)) if !head_dim.is_multiple_of(m) => err(why),
             _ => Ok(()),
         }
     }
@@ -402,11 +388,7 @@ impl Codec {
 
     fn layout_unchecked(&self, d: u32) -> RowLayout {
         let b = self.bits as u32;
-        let n_codes = if self.kind == CodecKind::Rotor {
-            3 * d.div_ceil(3)
-        } else {
-            d
-        };
+        let n_codes = (self.kind.family().n_codes)(d);
         let side_offset_bits = round_up(n_codes * b, 16);
         let (n_side, side_block) = match (self.kind, self.scale) {
             (CodecKind::None, _) => (0, 0),

@@ -14,7 +14,7 @@ pub use module::KernelModule;
 pub(crate) use pipelines::{LayoutTable, Pipelines};
 use preprocess::{Defines, Value};
 
-use crate::codec::{Codec, CodecKind, ScaleMode, lloyd, rotation};
+use crate::codec::{Codec, CodecKind, FAMILIES, ScaleMode, lloyd, rotation};
 use crate::error::Result;
 
 /// Tokens per K interleave block (`KB` in the WGSL): K rows are stored interleaved chunk by
@@ -109,8 +109,8 @@ impl KernelConfig {
     fn defines(&self) -> Defines {
         let mut h = Defines::default();
         let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
-        for kind in CodecKind::ALL {
-            c(kind_const(kind), kind_id(kind));
+        for f in &FAMILIES {
+            c(f.wgsl_kind, f.kind.id());
         }
         c("D", self.head_dim);
         c("G", self.gqa);
@@ -148,7 +148,7 @@ impl KernelConfig {
             c("NC", l.n_codes);
             c("CODE_WORDS", (l.n_codes * l.code_bits).div_ceil(32));
             c("TASKS", encode_tasks(codec, d));
-            c("KIND", kind_id(codec.kind));
+            c("KIND", codec.kind.id());
             c("ROT", off.rot);
             c("LV", off.levels);
             c("BD", off.bounds);
@@ -415,12 +415,7 @@ impl KernelConfig {
         let mut at = 0;
         let mut side = |c: Codec| {
             let rot = at;
-            at += match c.kind {
-                CodecKind::Turbo => d,
-                CodecKind::Rotor => 9 * d.div_ceil(3),
-                CodecKind::Iso => d,
-                _ => 0,
-            };
+            at += (c.kind.family().coefficient_count)(d);
             let levels = at;
             at += if c.kind.is_rotated() { 32 } else { 0 };
             SideOffsets {
@@ -451,11 +446,7 @@ impl KernelConfig {
             if !c.kind.is_rotated() {
                 continue;
             }
-            let rot: Vec<f32> = match c.kind {
-                CodecKind::Turbo => rotation::turbo_signs(seed, d),
-                CodecKind::Rotor => coefficient_major(&rotation::rotor_matrices(seed, d)),
-                _ => coefficient_major(&rotation::iso_quaternions(seed, d)),
-            };
+            let rot = (c.kind.family().coefficients)(seed, d);
             out[o.rot as usize..][..rot.len()].copy_from_slice(&rot);
             let cb = lloyd::codebook(c.bits);
             let lv = cb.levels_f32();
@@ -493,40 +484,8 @@ struct ConstantOffsets {
     len: u32,
 }
 
-/// Per-group coefficients laid out one coefficient of every group before the next (rotor:
-/// the 9 entries of each group's matrix; iso: each group's quaternion), so the kernels'
-/// invocations, one per group, read consecutive words (wgsl/shared/rotate.wgsl, `group_matrix`).
-fn coefficient_major<const N: usize>(groups: &[[f32; N]]) -> Vec<f32> {
-    (0..N)
-        .flat_map(|e| groups.iter().map(move |g| g[e]))
-        .collect()
-}
-
 fn n_codes(c: Codec, head_dim: u32) -> u32 {
     c.layout(head_dim).map(|l| l.n_codes).unwrap_or(head_dim)
-}
-
-/// The WGSL constant naming a codec family's `K_KIND` / `V_KIND` number: no kernel compares
-/// against a literal number.
-fn kind_const(kind: CodecKind) -> &'static str {
-    match kind {
-        CodecKind::None => "KIND_NONE",
-        CodecKind::Sym => "KIND_SYM",
-        CodecKind::Turbo => "KIND_TURBO",
-        CodecKind::Rotor => "KIND_ROTOR",
-        CodecKind::Iso => "KIND_ISO",
-    }
-}
-
-/// The codec family as the kernels' `K_KIND` / `V_KIND` number.
-fn kind_id(kind: CodecKind) -> u32 {
-    match kind {
-        CodecKind::None => 0,
-        CodecKind::Sym => 1,
-        CodecKind::Turbo => 2,
-        CodecKind::Rotor => 3,
-        CodecKind::Iso => 4,
-    }
 }
 
 /// Independent encode tasks per stored row (each task writes whole words): a word per task
