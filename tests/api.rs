@@ -91,7 +91,7 @@ fn bad_calls_are_typed_errors_and_change_nothing() {
         Err(KvqError::WrongLength { .. })
     ));
 
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let k = rng.normals(8 * 2 * 64, 1.0);
     let v = rng.normals(8 * 2 * 64, 1.0);
     cache.append_host(0, &k, &v).unwrap();
@@ -161,7 +161,7 @@ fn recorded_step_moves_zero_host_bytes() {
     let v = buffer(2 * 64 * 4, usage);
     let q = buffer(8 * 64 * 4, usage);
     let out = buffer(8 * 64 * 4, usage);
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     gpu.queue
         .write_buffer(&k, 0, bytemuck::cast_slice(&rng.normals(128, 1.0)));
     gpu.queue
@@ -211,7 +211,7 @@ fn f16_attention(q: &[f32], k: &[f32], v: &[f32], qh: usize, kvh: usize, d: usiz
 fn f16_input_matches_reference() {
     let spec = CacheSpec::new(1, 4, 2, 96, 100).with_splits(2);
     let mut cache = KvCache::new(ctx(), spec).unwrap();
-    let mut rng = Rng(17);
+    let mut rng = Rng::new(17);
     let n = 70u32; // wide path
     let k = rng.normals(n as usize * 2 * 96, 1.0);
     let v = rng.normals(n as usize * 2 * 96, 1.0);
@@ -283,7 +283,7 @@ fn foreign_device_buffers_are_typed_errors() {
             .map(|_| ())
     ));
     // Still usable with its own device's buffers.
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let n = kv as usize / 4;
     cache
         .append_host(0, &rng.normals(n, 1.0), &rng.normals(n, 1.0))
@@ -300,7 +300,7 @@ fn step_then_attend(gpu: &kvq::GpuContext, codecs: KvCodecs) -> (Vec<f32>, Vec<f
         .with_codecs(codecs)
         .with_splits(3);
     let mut cache = KvCache::new(gpu, spec).unwrap();
-    let mut rng = Rng(29);
+    let mut rng = Rng::new(29);
     let n = 90;
     cache
         .append_host(
@@ -352,7 +352,7 @@ fn shader_checks_on_match_reference() {
     assert!(gpu.shader_checks() && !ctx().shader_checks());
     let spec = CacheSpec::new(1, 4, 2, 64, 80).with_splits(2);
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut rng = Rng(23);
+    let mut rng = Rng::new(23);
     let k = rng.normals(70 * 2 * 64, 1.0);
     let v = rng.normals(70 * 2 * 64, 1.0);
     cache.append_host(0, &k, &v).unwrap();

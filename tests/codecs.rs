@@ -55,7 +55,7 @@ fn filled_cache(
         .with_codecs(KvCodecs::parse(name).unwrap())
         .with_splits(2);
     let mut cache = KvCache::new(ctx(), spec).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let len = 70 * 2 * d as usize;
     let k: Vec<f32> = (0..len)
         .map(|i| rng.normal() * if i % 29 == 0 { 8.0 } else { 1.0 })
@@ -180,7 +180,7 @@ fn attention_over_quantized_store(range: std::ops::Range<usize>) {
                 .with_codecs(codecs)
                 .with_splits(3 - pi as u32);
             let mut cache = KvCache::new(ctx(), spec).unwrap();
-            let mut rng = Rng(d as u64 * 7 + g as u64);
+            let mut rng = Rng::new(d as u64 * 7 + g as u64);
             let mut len = 0;
             for target in [1usize, 33, 130, 259] {
                 append(&mut cache, &mut rng, 1, target - len);
@@ -226,7 +226,7 @@ fn fused_step_with_quantized_codecs() {
             .with_batch(2);
         spec.segment_tokens = Some(64);
         let mut cache = KvCache::new(ctx(), spec).unwrap();
-        let mut rng = Rng(77);
+        let mut rng = Rng::new(77);
         append(&mut cache, &mut rng, 0, 60);
         let per = 2 * 2 * 128;
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;

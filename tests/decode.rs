@@ -28,7 +28,7 @@ impl Checked {
             cache,
             k: vec![vec![Vec::new(); b]; l],
             v: vec![vec![Vec::new(); b]; l],
-            rng: Rng(seed),
+            rng: Rng::new(seed),
         }
     }
 

@@ -61,7 +61,7 @@ fn non_finite_case(codec: &str) {
         .with_batch(BATCH)
         .with_codecs(KvCodecs::parse(codec).unwrap());
     let mut cache = KvCache::new(ctx(), spec).unwrap();
-    let mut rng = Rng(0x5eed ^ codec.len() as u64);
+    let mut rng = Rng::new(0x5eed ^ codec.len() as u64);
     let n = 5;
     let per = (BATCH * n * KVH * D) as usize;
     let (k0, v0) = (rng.normals(per, 1.0), rng.normals(per, 1.0));
@@ -204,7 +204,7 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize, Option<u32>), ops: &[Op]
         Err(e) => panic!("{spec:?}: {e}"),
     };
     let mut lens = vec![vec![0u32; batch as usize]; layers as usize];
-    let mut rng = Rng(u64::from(d * 1000 + capacity) ^ (ops.len() as u64) << 32);
+    let mut rng = Rng::new(u64::from(d * 1000 + capacity) ^ (ops.len() as u64) << 32);
     let per_tok = (batch * kvh * d) as usize;
     let qn = (batch * kvh * gqa * d) as usize;
     for op in ops {
@@ -350,7 +350,7 @@ fn huge_shapes_are_typed_errors() {
 fn out_of_f16_range_saturates() {
     let spec = CacheSpec::new(1, 2, 1, 64, 8);
     let mut cache = KvCache::new(ctx(), spec).unwrap();
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     for t in 0..3 {
         let (mut k, mut v) = (rng.normals(64, 1.0), rng.normals(64, 1.0));
         if t == 1 {

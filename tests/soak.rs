@@ -73,7 +73,7 @@ fn soak_steps_truncate_reset() {
     let cap = 64;
     let spec = CacheSpec::new(1, 1, 1, 32, cap).with_splits(1);
     let mut cache = KvCache::new(&gpu, spec).unwrap();
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     let (k, v, q) = (
         rng.normals(32, 1.0),
         rng.normals(32, 1.0),

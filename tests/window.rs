@@ -27,7 +27,7 @@ impl Ring {
             cache: KvCache::new(ctx(), spec).expect("cache"),
             k: vec![vec![Vec::new(); b]; l],
             v: vec![vec![Vec::new(); b]; l],
-            rng: Rng(seed),
+            rng: Rng::new(seed),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use kvq::codec::rotation::SplitMix64;
 use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryReport};
 
 use crate::args::Args;
@@ -84,19 +85,14 @@ pub fn capacity(context: u32, warmup: usize, steps: usize) -> u32 {
 }
 
 /// Deterministic, approximately normal values: every run of a point reads the same K/V.
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> f32 {
-        // SplitMix64 -> approximately normal (sum of 4 uniforms, variance 1).
+        // Approximately normal: a sum of 4 uniforms, variance 1.
         let mut s = 0.0;
         for _ in 0..4 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            s += (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            s += (self.0.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
         }
         s * 3f32.sqrt()
     }
@@ -179,7 +175,7 @@ impl PointRun<'_> {
         self.status("allocating");
         let mut cache = KvCache::new(self.ctx, spec).map_err(|e| Skip::Skipped(e.to_string()))?;
         self.status("filling");
-        let mut rng = Rng(self.context as u64 * 31 + m.layers as u64);
+        let mut rng = Rng(SplitMix64::new(self.context as u64 * 31 + m.layers as u64));
         self.fill(&mut cache, &mut rng)?;
         let inputs = self.step_inputs(&cache, &mut rng)?;
         self.raise_clocks(&cache, &inputs.io)?;

@@ -20,16 +20,15 @@ pub fn ctx() -> &'static GpuContext {
     })
 }
 
-/// SplitMix64: small, seeded, reproducible.
-pub struct Rng(pub u64);
+/// Test data from kvq's own generator (SplitMix64): small, seeded, reproducible.
+pub struct Rng(kvq::codec::rotation::SplitMix64);
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(kvq::codec::rotation::SplitMix64::new(seed))
+    }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in [-1, 1).
     pub fn uniform(&mut self) -> f32 {
