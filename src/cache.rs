@@ -373,7 +373,7 @@ impl KvCache {
             k: spec.codecs.k,
             v: spec.codecs.v,
         };
-        let wg_bytes = cfg.split_workgroup_bytes();
+        let wg_bytes = cfg.split_workgroup_bytes()?;
         if wg_bytes > limits.max_compute_workgroup_storage_size {
             return Err(KvqError::AdapterTooWeak {
                 adapter: ctx.info.name.clone(),

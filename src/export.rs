@@ -984,7 +984,7 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
     let limits = vec![
         (
             "maxComputeWorkgroupStorageSize",
-            cfg.split_workgroup_bytes() as u64,
+            cfg.split_workgroup_bytes()? as u64,
         ),
         ("maxStorageBuffersPerShaderStage", max_storage),
         ("maxStorageBufferBindingSize", max_buffer),
