@@ -132,42 +132,6 @@ pub struct ExportedKernel {
     pub features: Vec<&'static str>,
 }
 
-/// Checks what [`KernelConfig`]'s source builders assume, so they cannot panic.
-fn check_config(cfg: &KernelConfig) -> Result<()> {
-    for c in [cfg.k, cfg.v] {
-        c.layout(cfg.head_dim)?;
-        if !gpu_supported(c) {
-            return Err(KvqError::InvalidSpec(format!(
-                "codec '{}' has no GPU kernels yet",
-                c.name()
-            )));
-        }
-    }
-    let bad = |m: &str| Err(KvqError::InvalidSpec(format!("kernel config: {m}")));
-    if !cfg.head_dim.is_multiple_of(32) || !(32..=256).contains(&cfg.head_dim) {
-        return bad("head_dim must be a multiple of 32 between 32 and 256");
-    }
-    if !(1..=8).contains(&cfg.gqa) {
-        return bad("gqa must be between 1 and 8");
-    }
-    if [
-        cfg.kv_heads,
-        cfg.batch,
-        cfg.capacity,
-        cfg.layers,
-        cfg.splits,
-        cfg.segments,
-    ]
-    .contains(&0)
-    {
-        return bad("kv_heads, batch, capacity, layers, splits and segments must be at least 1");
-    }
-    if ![64, 128, 256].contains(&cfg.workgroup) {
-        return bad("workgroup must be 64, 128 or 256");
-    }
-    Ok(())
-}
-
 /// The code of a WGSL text with `//` comments removed (kvq's WGSL has no block comments).
 fn code_only(src: &str) -> String {
     src.lines()
@@ -192,7 +156,7 @@ fn module_for_target(
     module: KernelModule,
     target: Target,
 ) -> Result<(String, Vec<&'static str>)> {
-    check_config(cfg)?;
+    cfg.check()?;
     let src = cfg.module_source(module)?;
     let code = code_only(&src);
     let mut features = Vec::new();

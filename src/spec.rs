@@ -129,9 +129,6 @@ impl CacheSpec {
                 self.q_heads, self.kv_heads
             ));
         }
-        if self.gqa() > 8 {
-            return bad(format!("GQA ratio {} is above the supported 8", self.gqa()));
-        }
         if self.capacity == 0 {
             return bad("capacity must be at least 1 token".into());
         }
@@ -171,18 +168,18 @@ impl CacheSpec {
         {
             return bad(format!("splits {s} must be between 1 and 1024"));
         }
-        if !self.head_dim.is_multiple_of(32) || !(32..=256).contains(&self.head_dim) {
-            return Err(KvqError::UnsupportedHeadDim {
-                head_dim: self.head_dim,
-                codec: self.codecs.name(),
-                reason: "kvq's kernels need a multiple of 32 between 32 and 256".into(),
-            });
-        }
-        if let Some(w) = self.workgroup
-            && ![64, 128, 256].contains(&w)
-        {
-            return bad(format!("decode workgroup {w} must be 64, 128 or 256"));
-        }
+        // The kernels' shape rules (one copy, in kernels): head_dim, GQA ratio, workgroup.
+        use crate::kernels::{ShapeRule, check_shape};
+        check_shape(self.head_dim, self.gqa(), self.workgroup).map_err(
+            |(rule, reason)| match rule {
+                ShapeRule::HeadDim => KvqError::UnsupportedHeadDim {
+                    head_dim: self.head_dim,
+                    codec: self.codecs.name(),
+                    reason,
+                },
+                ShapeRule::Gqa | ShapeRule::Workgroup => KvqError::InvalidSpec(reason),
+            },
+        )?;
         if self.segment_tokens == Some(0) {
             return bad("segment_tokens must be at least 1".into());
         }

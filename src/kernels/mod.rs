@@ -16,11 +16,46 @@ pub(crate) use pipelines::{LayoutTable, Pipelines};
 use preprocess::{Defines, Value};
 
 use crate::codec::{Codec, CodecKind, FAMILIES, ScaleMode, lloyd, rotation};
-use crate::error::Result;
+use crate::error::{KvqError, Result};
 
 /// Tokens per K interleave block (`KB` in the WGSL): K rows are stored interleaved chunk by
 /// chunk across blocks of this many tokens, and storage segments start on whole blocks.
 pub(crate) const K_BLOCK: u32 = 32;
+
+/// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShapeRule {
+    HeadDim,
+    Gqa,
+    Workgroup,
+}
+
+/// The shapes kvq's kernels are written for, and audited for running without wgpu's index
+/// clamps ([`KernelConfig::clamps_indices`]): the one copy of these rules, read by
+/// [`crate::CacheSpec::validate`] and by [`KernelConfig::check`], which guards every module's
+/// assembly and [`crate::export`]. `workgroup`: `None` where the device picks it (always a
+/// valid size). The error names the rule and says why.
+pub(crate) fn check_shape(
+    head_dim: u32,
+    gqa: u32,
+    workgroup: Option<u32>,
+) -> std::result::Result<(), (ShapeRule, String)> {
+    if !head_dim.is_multiple_of(32) || !(32..=256).contains(&head_dim) {
+        let why = "kvq's kernels need a multiple of 32 between 32 and 256";
+        return Err((ShapeRule::HeadDim, why.into()));
+    }
+    if !(1..=8).contains(&gqa) {
+        let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
+        return Err((ShapeRule::Gqa, why));
+    }
+    if let Some(w) = workgroup
+        && ![64, 128, 256].contains(&w)
+    {
+        let why = format!("decode workgroup {w} must be 64, 128 or 256");
+        return Err((ShapeRule::Workgroup, why));
+    }
+    Ok(())
+}
 
 /// Element type of the caller's K/V input buffers for append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,12 +126,40 @@ impl KernelConfig {
     pub fn clamps_indices(&self) -> bool {
         // The audits hold for the shapes `CacheSpec::validate` accepts; a configuration built
         // by hand outside them keeps the clamps.
-        let shape_ok = self.head_dim.is_multiple_of(32)
-            && (32..=256).contains(&self.head_dim)
-            && matches!(self.workgroup, 64 | 128 | 256)
-            && (1..=8).contains(&self.gqa)
-            && !self.v.qjl;
+        let shape_ok = self.check().is_ok() && !self.v.qjl;
         !(self.v.kind.is_rotated() && shape_ok)
+    }
+
+    /// Checks what the kernels' assembly assumes, so that it cannot panic and every module
+    /// it builds is one the audits cover: the shape rules, GPU codecs that serve the
+    /// head_dim, and no count of zero.
+    pub fn check(&self) -> Result<()> {
+        for c in [self.k, self.v] {
+            c.layout(self.head_dim)?;
+            if !gpu_supported(c) {
+                return Err(KvqError::InvalidSpec(format!(
+                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels: the QJL-only configurations (0-bit codes) are for quality studies",
+                    c.name()
+                )));
+            }
+        }
+        check_shape(self.head_dim, self.gqa, Some(self.workgroup)).map_err(|(rule, why)| {
+            KvqError::InvalidSpec(format!("kernel config ({rule:?}): {why}"))
+        })?;
+        let counts = [
+            self.kv_heads,
+            self.batch,
+            self.capacity,
+            self.layers,
+            self.splits,
+            self.segments,
+        ];
+        if counts.contains(&0) {
+            return Err(KvqError::InvalidSpec(
+                "kernel config: kv_heads, batch, capacity, layers, splits and segments must be at least 1".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Decode splits over all segments (the partials per query head): per segment, `splits`
@@ -112,6 +175,7 @@ impl KernelConfig {
     }
 
     /// [`Self::defines`] with K's encoder encoding V too or not ([`Self::kv_joint`]).
+    /// (Only for a configuration [`Self::check`] accepts: the layouts exist.)
     fn defines_with(&self, joint: bool) -> Defines {
         let er = self.encode_rows_with(joint);
         let mut h = Defines::default();
@@ -222,6 +286,7 @@ impl KernelConfig {
     }
 
     fn module_source_with(&self, module: KernelModule, mut defines: Defines) -> Result<String> {
+        self.check()?;
         defines.switch("ENCODE", module.encodes());
         defines.switch("IN_F16", module.input() == Some(InputType::F16));
         preprocess::assemble(module.root(), &defines)
