@@ -16,8 +16,6 @@ use crate::spec::CacheSpec;
 const WIDE_ITEMS: u32 = 16;
 /// Rows of a rotated codec each wide-append workgroup encodes (several cooperative passes).
 const COOP_ROWS: u32 = 16;
-/// Invocations per decode workgroup.
-const DECODE_WG: u32 = 128;
 /// Fewest tokens per decode split before fewer splits are used.
 const MIN_CHUNK: u32 = 32;
 /// Most partials per query head (sized into the reduce kernel's workgroup memory).
@@ -232,56 +230,6 @@ fn init_buffer(
     buf
 }
 
-fn default_splits(ctx: &GpuContext, seg_tokens: u32, spec: &CacheSpec) -> u32 {
-    if ctx.is_cpu() {
-        // A CPU driver runs a handful of workgroups at once; more splits only add reduce work.
-        return seg_tokens.div_ceil(1024).clamp(1, 4);
-    }
-    let c = spec.codecs;
-    let rotated = c.k.kind.is_rotated() || c.v.kind.is_rotated();
-    // An f16 or int K (its query in q_sh) beside a rotated V (8 values per invocation) holds
-    // more registers than either family alone, like a QJL K.
-    let heavy = c.k.qjl || (c.v.kind.is_rotated() && !c.k.kind.is_rotated());
-    gpu_splits(
-        spec.kv_heads.saturating_mul(spec.batch),
-        resident_per_multiprocessor(spec.gqa(), rotated, heavy),
-        spec.workgroup.unwrap_or(DECODE_WG),
-    )
-}
-
-/// Multiprocessors of the GPU the defaults were measured on (an H200).
-const TUNED_MULTIPROCESSORS: u32 = 132;
-
-/// Split workgroups (of DECODE_WG = 128 invocations) one H200 multiprocessor holds, as
-/// measured by the split count that ran fastest (BENCHMARKS.md, "Split count: one wave of resident workgroups") and read
-/// beside the registers the driver gives the fused step's split kernel
-/// (examples/kernel_stats.rs): GQA 4: 92-128 registers (4), 167 with a QJL K (3), and 3 for
-/// an f16 or int K beside a rotated V (`heavy` with QJL: 48 splits beat 64 by 16-21 % for
-/// `k=none,v=turbo3`, `k=q8,v=turbo3`, `k=q4,v=iso3`, `k=q8,v=iso4` at 4k and 32k,
-/// while `k=turbo3,v=q8` keeps 64); GQA 7: 146-167 for f16 and int codecs (3), 203-231 with a
-/// rotated side or QJL (2); GQA 8: 164-244 (2 for every codec: 32 splits beat 48 and 64 for
-/// `none` too, whose 164 registers would allow 3). Ratios 5-6 are taken as GQA 7, above 8 as
-/// GQA 8 (not measured).
-fn resident_per_multiprocessor(gqa: u32, rotated: bool, heavy: bool) -> u32 {
-    match gqa {
-        0..=4 if heavy => 3,
-        0..=4 => 4,
-        5..=7 if rotated || heavy => 2,
-        5..=7 => 3,
-        _ => 2,
-    }
-}
-
-/// Splits per KV head on a GPU: the largest split grid (`groups` = KV heads x sequences rows
-/// of splits + 1 workgroups) that fits in one wave of resident workgroups, at most 64. On an
-/// H200 a second wave cost 30-50 % (qwen3-8b: 64 splits best, 48 with a QJL K or an f16/int
-/// K beside a rotated V; qwen2.5-7b, 4 KV heads, GQA 7: each codec fastest with its largest
-/// one-wave grid). Elsewhere it is a default; `CacheSpec::with_splits` overrides it.
-fn gpu_splits(groups: u32, resident: u32, workgroup: u32) -> u32 {
-    let slots = TUNED_MULTIPROCESSORS * resident * DECODE_WG / workgroup.max(1);
-    (slots / groups.max(1)).saturating_sub(1).clamp(1, 64)
-}
-
 impl KvCache {
     /// Allocates the store and builds the kernels for `spec` on `ctx`'s device.
     pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
@@ -336,9 +284,10 @@ impl KvCache {
             });
         }
         let segments = spec.capacity.div_ceil(seg_tokens);
+        let tuning = crate::tuning::for_adapter(&ctx.info);
         let mut splits = spec
             .splits
-            .unwrap_or_else(|| default_splits(ctx, seg_tokens, &spec));
+            .unwrap_or_else(|| tuning.splits(&spec, seg_tokens));
         // Each segment also has one split for the tokens a fused step appends.
         splits = (MAX_SPLITS_TOTAL / segments)
             .saturating_sub(1)
@@ -369,7 +318,7 @@ impl KvCache {
             segments,
             min_chunk: MIN_CHUNK,
             scale: spec.softmax_scale(),
-            workgroup: spec.workgroup.unwrap_or(DECODE_WG),
+            workgroup: tuning.workgroup(&spec),
             k: spec.codecs.k,
             v: spec.codecs.v,
         };
@@ -1242,33 +1191,5 @@ impl KvCache {
             }
         }
         Ok((k, v))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{gpu_splits, resident_per_multiprocessor as resident};
-
-    #[test]
-    fn gpu_split_grid_fits_one_wave() {
-        // qwen3-8b / llama3-8b (8 KV heads, GQA 4), one sequence: measured best.
-        assert_eq!(gpu_splits(8, resident(4, false, false), 128), 64);
-        assert_eq!(gpu_splits(8, resident(4, true, false), 128), 64);
-        // A QJL K, or an f16/int K beside a rotated V: 3 resident.
-        assert_eq!(gpu_splits(8, resident(4, true, true), 128), 48);
-        // qwen2.5-7b (4 KV heads, GQA 7): capped at 64, measured best but for none at 32k.
-        assert_eq!(gpu_splits(4, resident(7, false, false), 128), 64);
-        assert_eq!(gpu_splits(4, resident(7, true, false), 128), 64);
-        // 8 KV heads at GQA 8 (llama3-70b): 33 x 8 <= 264, measured best for every codec.
-        assert_eq!(gpu_splits(8, resident(8, false, false), 128), 32);
-        assert_eq!(gpu_splits(8, resident(8, true, false), 128), 32);
-        assert_eq!(gpu_splits(8, resident(16, true, true), 128), 32);
-        // GQA 7 (qwen2.5-7b shape) with 8 KV heads: 49 x 8 <= 396 for f16 / int codecs.
-        assert_eq!(gpu_splits(8, resident(7, false, false), 128), 48);
-        // 8 KV heads x 4 sequences: 16 x 32 <= 528 < 17 x 32.
-        assert_eq!(gpu_splits(32, resident(4, false, false), 128), 15);
-        // Wider workgroups, fewer resident; a huge grid still gets one split.
-        assert_eq!(gpu_splits(8, resident(4, false, false), 256), 32);
-        assert_eq!(gpu_splits(1 << 20, resident(4, true, true), 128), 1);
     }
 }
