@@ -3,7 +3,8 @@
 //! WebGPU reports neither a GPU's multiprocessors nor the registers its compiler gives a
 //! kernel, so the default split count and decode workgroup of a [`crate::KvCache`] come from
 //! measurements on named devices ([`MEASURED`]); an adapter that none of them matches gets
-//! [`UNMEASURED`]. [`for_adapter`] is the one place an adapter is matched to its tuning.
+//! [`UNMEASURED`]. [`for_adapter`] is the one place an adapter is matched to its tuning
+//! ([`crate::GpuContext::tuning`] asks it for a context's adapter).
 //!
 //! [`crate::CacheSpec::with_splits`] and [`crate::CacheSpec::workgroup`] override what a
 //! tuning picks, on any device.
@@ -191,7 +192,8 @@ pub const H200: DeviceTuning = DeviceTuning {
 /// small GPU several waves deep. A GPU larger than 16 multiprocessors is underfilled by a
 /// single sequence (several sequences fill it); [`crate::CacheSpec::with_splits`] sets more.
 /// The residency per multiprocessor is the H200's, because it follows each kernel's
-/// registers; decode workgroups of 128 invocations, the size every kvq kernel is tested at.
+/// registers; decode workgroups of 128 invocations, as on the H200 (every WebGPU adapter
+/// runs workgroups of 256).
 pub const UNMEASURED: DeviceTuning = DeviceTuning {
     name: "unmeasured GPU",
     adapters: AdapterMatch::Otherwise,
@@ -215,9 +217,9 @@ pub fn for_adapter(info: &wgpu::AdapterInfo) -> &'static DeviceTuning {
         .unwrap_or(&UNMEASURED)
 }
 
-/// Split workgroups (of 128 invocations) one H200 multiprocessor holds, as
-/// measured by the split count that ran fastest (BENCHMARKS.md, "Split count: one wave of resident workgroups") and read
-/// beside the registers the driver gives the fused step's split kernel
+/// Split workgroups (of 128 invocations) one H200 multiprocessor holds, as measured by the
+/// split count that ran fastest (BENCHMARKS.md, "Split count: one wave of resident
+/// workgroups") and read beside the registers the driver gives the fused step's split kernel
 /// (examples/kernel_stats.rs): GQA 4: 92-128 registers (4), 167 with a QJL K (3), and 3 for
 /// an f16 or int K beside a rotated V (`heavy` with QJL: 48 splits beat 64 by 16-21 % for
 /// `k=none,v=turbo3`, `k=q8,v=turbo3`, `k=q4,v=iso3`, `k=q8,v=iso4` at 4k and 32k,
