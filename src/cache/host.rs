@@ -1,8 +1,8 @@
 //! The host API: uploads, read-backs and length edits that wait for the GPU (conveniences,
 //! tests and diagnostics; not the hot path).
 
-use super::KvCache;
 use super::io::{HostIo, HostQuery};
+use super::kv_cache::KvCache;
 use crate::codec::CodecKind;
 use crate::error::{KvqError, Result};
 use crate::kernels::{InputType, K_BLOCK};

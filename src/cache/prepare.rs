@@ -1,10 +1,10 @@
 //! Preparing caller buffers for appends, attention and fused steps: checked once and bound
 //! once, so that recording allocates nothing.
 
-use super::KvCache;
 use super::bind::{Bound, bind_buffers};
 use super::buffers::init_buffer;
 use super::io::{AppendInput, AttendIo, StepIo};
+use super::kv_cache::KvCache;
 use crate::error::{KvqError, Result};
 use crate::kernels::InputType;
 

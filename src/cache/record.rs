@@ -1,9 +1,9 @@
 //! Recording appends, decode attention and fused steps, into a compute pass or any
 //! [`Recorder`].
 
-use super::KvCache;
 use super::bind::{Bound, Segment};
 use super::io::{AppendInput, AttendIo, StepIo};
+use super::kv_cache::KvCache;
 use crate::dispatch::{self, Dispatch, GridShape, SMALL_APPEND_MAX_TOKENS};
 use crate::error::{KvqError, Result};
 
