@@ -323,6 +323,11 @@ impl GpuContext {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
+    /// The decode defaults kvq uses on this adapter ([`crate::tuning::for_adapter`]).
+    pub fn tuning(&self) -> &'static crate::tuning::DeviceTuning {
+        crate::tuning::for_adapter(&self.info)
+    }
+
     /// Creates a buffer; one the device cannot allocate is [`KvqError::OutOfMemory`] (not the
     /// device's uncaptured-error handler, which panics).
     pub(crate) fn create_buffer_checked(

@@ -31,6 +31,7 @@ pub mod memory;
 mod poison;
 pub mod reference;
 pub mod spec;
+pub mod tuning;
 
 pub use cache::{AppendInput, AttendIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};

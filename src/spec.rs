@@ -36,14 +36,16 @@ pub struct CacheSpec {
     /// Seed of the codecs' fixed random rotations.
     pub seed: u64,
     /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
-    /// adapter (a GPU: the largest split grid that fits in one wave of an H200's resident
-    /// workgroups for this GQA ratio and codec, at most 64 per head; a CPU driver: 1-4 by
-    /// capacity).
+    /// adapter's [`crate::tuning`] entry (an H200: the largest split grid that fits in one
+    /// wave of its resident workgroups for this GQA ratio and codec, at most 64 per head; a
+    /// CPU driver: 1-4 by capacity; any other adapter, unmeasured: one wave of a small GPU of
+    /// 16 multiprocessors, [`crate::tuning::UNMEASURED`]).
     pub splits: Option<u32>,
     /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
     /// Capacities above it are split into several buffers per layer.
     pub segment_tokens: Option<u32>,
-    /// Invocations per decode workgroup (64, 128 or 256); `None` picks for the device.
+    /// Invocations per decode workgroup (64, 128 or 256); `None` takes the adapter's
+    /// [`crate::tuning`] entry's (128 on every adapter today).
     pub workgroup: Option<u32>,
 }
 

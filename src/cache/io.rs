@@ -1,0 +1,60 @@
+//! The handles of caller buffers prepared for the cache (`prepare.rs` builds them), and
+//! the host API's staging.
+
+use super::bind::Bound;
+use crate::kernels::InputType;
+
+/// Caller buffers prepared for [`KvCache::append`](crate::KvCache::append): bind groups are
+/// built once here, so recording an append allocates nothing.
+pub struct AppendInput {
+    pub(super) bind_group: Bound,
+    pub(super) n: u32,
+    pub(super) input: InputType,
+    pub(super) wide_groups: u32,
+    pub(super) params: wgpu::Buffer,
+}
+
+impl AppendInput {
+    /// Tokens per sequence each append with this input writes.
+    pub fn tokens(&self) -> u32 {
+        self.n
+    }
+}
+
+/// Caller buffers prepared for [`KvCache::attend`](crate::KvCache::attend): the query
+/// `[B, q_heads, head_dim]` f32 and the output of the same shape.
+pub struct AttendIo {
+    pub(super) bind_group: Bound,
+}
+
+/// Caller buffers prepared for [`KvCache::step`](crate::KvCache::step): the new tokens' K and
+/// V (as for [`KvCache::append_input`](crate::KvCache::append_input)) with the query and
+/// output (as for [`KvCache::attend_io`](crate::KvCache::attend_io)).
+pub struct StepIo {
+    pub(super) bind_group: Bound,
+    pub(super) n: u32,
+    pub(super) input: InputType,
+}
+
+impl StepIo {
+    /// Tokens per sequence each step with these buffers appends.
+    pub fn tokens(&self) -> u32 {
+        self.n
+    }
+}
+
+/// The host API's staging for [`KvCache::append_host`](crate::KvCache::append_host), kept for
+/// the next call of as many tokens.
+pub(super) struct HostIo {
+    pub(super) n: u32,
+    pub(super) k: wgpu::Buffer,
+    pub(super) v: wgpu::Buffer,
+    pub(super) input: AppendInput,
+}
+
+/// The host API's staging for [`KvCache::attend_host`](crate::KvCache::attend_host).
+pub(super) struct HostQuery {
+    pub(super) q: wgpu::Buffer,
+    pub(super) out: wgpu::Buffer,
+    pub(super) io: AttendIo,
+}

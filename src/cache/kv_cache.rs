@@ -1,0 +1,186 @@
+//! [`KvCache`] itself: its parts, its creation (plan, allocate, bind) and what it reports
+//! about itself.
+
+use std::sync::Mutex;
+
+use super::bind::{self, Segment};
+use super::buffers::{self, OwnedPart};
+use super::io::{HostIo, HostQuery};
+use super::plan::{self, Layout};
+use crate::context::GpuContext;
+use crate::error::{KvqError, Result};
+use crate::kernels::{KernelConfig, Pipelines};
+use crate::memory::{MemoryReport, StoreBytes};
+use crate::spec::CacheSpec;
+
+/// A quantized (or f16) KV cache living on the GPU.
+///
+/// Storage is allocated once, at creation. Sequence lengths live on the GPU, one per (layer,
+/// sequence); kvq keeps a host mirror of what it has recorded, to refuse appends past the
+/// capacity before they reach the GPU. The GPU checks again and writes nothing on overflow.
+///
+/// Caller buffers must belong to the cache's device. One of another device of the same
+/// `wgpu::Instance` is a [`KvqError::BadBuffer`] when it is bound (`append_input`,
+/// `attend_io`, `step_io`); wgpu's safe API gives no way to recognise a buffer of another
+/// `wgpu::Instance`, so that case cannot be checked.
+pub struct KvCache {
+    pub(super) ctx: GpuContext,
+    pub(super) spec: CacheSpec,
+    pub(super) cfg: KernelConfig,
+    pub(super) layout: Layout,
+    pub(super) pipes: Pipelines,
+    pub(super) layers: Vec<Vec<Segment>>,
+    pub(super) lens: wgpu::Buffer,
+    pub(super) host_lens: Vec<u32>,
+    pub(super) host_io: Mutex<Option<HostIo>>,
+    pub(super) host_query: Mutex<Option<HostQuery>>,
+    /// Every buffer the cache owns besides the K/V stores, by part (for [`KvCache::memory`]).
+    pub(super) owned: Vec<(OwnedPart, wgpu::Buffer)>,
+}
+
+impl KvCache {
+    /// Allocates the store and builds the kernels for `spec` on `ctx`'s device.
+    pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
+        let device = &ctx.device;
+        let plan = plan::plan(&spec, &device.limits(), ctx.tuning(), &ctx.info.name)?;
+        let pipes = Pipelines::new(
+            device,
+            &plan.cfg,
+            ctx.shader_checks(),
+            ctx.workgroup_poison(),
+        )?;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        // A buffer that failed to allocate is invalid: binding it is a validation error, which
+        // must come back as this call's error too, not reach the device's uncaptured handler.
+        let invalid_scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bufs = buffers::allocate(ctx, &spec, &plan);
+        let layers = bind::bind_segments(device, &pipes, &bufs);
+        let invalid = pollster::block_on(invalid_scope.pop());
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(KvqError::OutOfMemory {
+                adapter: ctx.info.name.clone(),
+                what: "the KV cache".into(),
+                needed: bufs.bytes(),
+                detail: e.to_string(),
+            });
+        }
+        if let Some(e) = invalid {
+            return Err(KvqError::Gpu(format!("creating the cache failed: {e}")));
+        }
+        Ok(KvCache {
+            ctx: ctx.clone(),
+            host_lens: vec![0; plan.lengths],
+            spec,
+            cfg: plan.cfg,
+            layout: plan.layout,
+            pipes,
+            layers,
+            lens: bufs.lens,
+            host_io: Mutex::new(None),
+            host_query: Mutex::new(None),
+            owned: bufs.owned,
+        })
+    }
+
+    /// Every byte of device memory this cache owns, by part: K and V codes, scales, norms and
+    /// row padding; lengths; codec constants; decode scratch; parameter uniforms; host-API
+    /// staging. Summed from
+    /// the sizes of the buffers it allocated; [`MemoryReport::total`] is all of them.
+    pub fn memory(&self) -> MemoryReport {
+        let d = self.spec.head_dim;
+        let (mut k, mut v) = (0, 0);
+        for seg in self.layers.iter().flatten() {
+            k += seg.k.size();
+            v += seg.v.size();
+        }
+        let part = |p: OwnedPart| -> u64 {
+            self.owned
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, b)| b.size())
+                .sum()
+        };
+        let mut host_staging = 0;
+        if let Some(h) = &*self.host_io.lock().unwrap_or_else(|e| e.into_inner()) {
+            host_staging += h.k.size() + h.v.size() + h.input.params.size();
+        }
+        if let Some(h) = &*self.host_query.lock().unwrap_or_else(|e| e.into_inner()) {
+            host_staging += h.q.size() + h.out.size();
+        }
+        // The lengths buffer holds the lengths and overflow flags, then the codec constants.
+        let state = part(OwnedPart::Lengths);
+        let lengths = state.min(8 * self.spec.layers as u64 * self.spec.batch as u64);
+        MemoryReport {
+            k: StoreBytes::of_rows(self.spec.codecs.k, d, k),
+            v: StoreBytes::of_rows(self.spec.codecs.v, d, v),
+            lengths,
+            constants: state - lengths,
+            scratch: part(OwnedPart::Scratch),
+            params: part(OwnedPart::Params),
+            host_staging,
+        }
+    }
+
+    /// The spec this cache was built from.
+    pub fn spec(&self) -> &CacheSpec {
+        &self.spec
+    }
+
+    /// How storage and decode work are laid out on this device.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The kernel configuration (shape constants) of this cache's shaders.
+    pub fn kernel_config(&self) -> &KernelConfig {
+        &self.cfg
+    }
+
+    /// The context this cache records onto.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// Bytes of K and V storage on the device (all layers).
+    pub fn store_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|s| s.k.size() + s.v.size())
+            .sum()
+    }
+
+    /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length): the
+    /// tokens appended, which with a sliding window may pass the capacity (attention then
+    /// covers the last `min(len, window)`).
+    pub fn len(&self, layer: u32, seq: u32) -> Result<u32> {
+        self.check_layer(layer)?;
+        if seq >= self.spec.batch {
+            return Err(KvqError::InvalidSpec(format!(
+                "sequence {seq} out of range (batch {})",
+                self.spec.batch
+            )));
+        }
+        Ok(self.host_lens[(layer * self.spec.batch + seq) as usize])
+    }
+
+    /// True when no layer of any sequence holds a token.
+    pub fn is_empty(&self) -> bool {
+        self.host_lens.iter().all(|&l| l == 0)
+    }
+
+    pub(super) fn check_layer(&self, layer: u32) -> Result<()> {
+        if layer >= self.spec.layers {
+            return Err(KvqError::LayerOutOfRange {
+                layer,
+                layers: self.spec.layers,
+            });
+        }
+        Ok(())
+    }
+
+    /// The pipelines this cache records (for [`crate::export`]).
+    pub(crate) fn pipelines(&self) -> &Pipelines {
+        &self.pipes
+    }
+}

@@ -1,0 +1,207 @@
+//! Preparing caller buffers for appends, attention and fused steps: checked once and bound
+//! once, so that recording allocates nothing.
+
+use super::bind::{Bound, bind_buffers};
+use super::buffers::init_buffer;
+use super::io::{AppendInput, AttendIo, StepIo};
+use super::kv_cache::KvCache;
+use crate::error::{KvqError, Result};
+use crate::kernels::InputType;
+
+/// Words each invocation of the wide append handles at least.
+const WIDE_ITEMS: u32 = 16;
+/// Rows of a rotated codec each wide-append workgroup encodes (several cooperative passes).
+const COOP_ROWS: u32 = 16;
+
+impl KvCache {
+    /// Prepares caller buffers holding `n` new tokens per sequence, layout
+    /// `[batch, n, kv_heads, head_dim]` of `input` elements, for [`KvCache::append`].
+    ///
+    /// # Non-finite inputs
+    /// Every append path (this one, [`KvCache::append_host`] and the fused
+    /// [`KvCache::step`]) stores a NaN or ±Inf input value exactly as it would store 0, for
+    /// every codec: the encoders read non-finite values as 0 before computing scales, norms or
+    /// codes. So a bad value changes only its own row (its K or V vector of that token and KV
+    /// head), attention outputs stay finite, the sequence's other tokens keep their weight,
+    /// and other sequences are not affected at all (bit for bit). kvq does not report such
+    /// values; check your inputs if you need to know. With codec `none` (f16 rows) a finite
+    /// value beyond f16's range is stored as ±65504, not ±Inf.
+    pub fn append_input(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+    ) -> Result<AppendInput> {
+        self.check_kv_inputs(k, v, n, input)?;
+        // Built here, once, so that recording an append never compiles a pipeline.
+        self.pipes.append(input)?;
+        let s = &self.spec;
+        let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
+            + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
+        let tasks = n as u64 * s.kv_heads as u64 * row_tasks as u64;
+        let max_groups = self
+            .ctx
+            .device
+            .limits()
+            .max_compute_workgroups_per_dimension as u64;
+        let items = (WIDE_ITEMS as u64).max(tasks.div_ceil(256 * max_groups)) as u32;
+        // Rows a wide workgroup encodes cooperatively (rotated codecs): a few passes each.
+        let rows = n as u64 * s.kv_heads as u64;
+        let coop_rows = (COOP_ROWS as u64).max(rows.div_ceil(max_groups)) as u32;
+        let cooperative = s.codecs.k.kind.is_rotated() || s.codecs.v.kind.is_rotated();
+        let coop_groups = if cooperative {
+            rows.div_ceil(coop_rows as u64)
+        } else {
+            0
+        };
+        let wide_groups = tasks.div_ceil(256 * items as u64).max(coop_groups) as u32;
+        let params = self.uniform("kvq append params", [n, items, coop_rows, 0])?;
+        let bind_group = self.bind(
+            "kvq append input",
+            &self.pipes.append_input,
+            &[k, v, &params],
+        )?;
+        Ok(AppendInput {
+            bind_group,
+            n,
+            input,
+            wide_groups,
+            params,
+        })
+    }
+
+    /// Prepares a caller's query buffer (`[batch, q_heads, head_dim]` f32, STORAGE) and output
+    /// buffer (same shape, STORAGE) for [`KvCache::attend`].
+    pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
+        self.check_query_io(q, out)?;
+        Ok(AttendIo {
+            bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out])?,
+        })
+    }
+
+    /// Prepares the buffers of a fused decode step: `k`, `v` hold `n` new tokens per
+    /// sequence (`[batch, n, kv_heads, head_dim]` of `input` elements); `q` and `out` are
+    /// `[batch, q_heads, head_dim]` f32. All need STORAGE usage.
+    pub fn step_io(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<StepIo> {
+        self.check_kv_inputs(k, v, n, input)?;
+        self.check_query_io(q, out)?;
+        // Built here, once, so that recording a step never compiles a pipeline.
+        self.pipes.step(input)?;
+        let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
+        let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params])?;
+        Ok(StepIo {
+            bind_group,
+            n,
+            input,
+        })
+    }
+
+    fn check_buffer(
+        &self,
+        what: &str,
+        buf: &wgpu::Buffer,
+        need: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<()> {
+        if buf.size() < need {
+            return Err(KvqError::BadBuffer {
+                what: what.into(),
+                problem: format!("{} bytes, needs at least {need}", buf.size()),
+            });
+        }
+        if !buf.usage().contains(usage) {
+            return Err(KvqError::BadBuffer {
+                what: what.into(),
+                problem: format!("usage {:?} lacks {usage:?}", buf.usage()),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_kv_inputs(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+    ) -> Result<()> {
+        let s = &self.spec;
+        if n == 0 {
+            return Err(KvqError::InvalidSpec(
+                "append needs at least one token".into(),
+            ));
+        }
+        if n > s.capacity && s.window.is_none() {
+            return Err(KvqError::CapacityExceeded {
+                layer: 0,
+                len: 0,
+                n,
+                capacity: s.capacity,
+            });
+        }
+        let need = s.batch as u64 * n as u64 * s.kv_heads as u64 * s.head_dim as u64 * input.size();
+        self.check_buffer("k", k, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("v", v, need, wgpu::BufferUsages::STORAGE)
+    }
+
+    fn check_query_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<()> {
+        let s = &self.spec;
+        let need = s.batch as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
+        self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)
+    }
+
+    /// A 16-byte uniform written once when a binding is prepared, never per step.
+    fn uniform(&self, label: &str, words: [u32; 4]) -> Result<wgpu::Buffer> {
+        let device = &self.ctx.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = init_buffer(
+            device,
+            label,
+            bytemuck::cast_slice(&words),
+            // COPY_SRC: crate::export reads every buffer's initial bytes.
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
+        );
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(KvqError::OutOfMemory {
+                adapter: self.ctx.info.name.clone(),
+                what: label.into(),
+                needed: buf.size(),
+                detail: e.to_string(),
+            });
+        }
+        self.ctx.counters().add_upload(16);
+        Ok(buf)
+    }
+
+    /// Binds caller buffers; a buffer wgpu refuses to bind (one of another device, say) is a
+    /// typed error here rather than a report to the device's uncaptured-error handler.
+    fn bind(
+        &self,
+        label: &str,
+        layout: &wgpu::BindGroupLayout,
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<Bound> {
+        let scope = self
+            .ctx
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let bound = bind_buffers(&self.ctx.device, label, layout, bufs);
+        match pollster::block_on(scope.pop()) {
+            None => Ok(bound),
+            Some(e) => Err(KvqError::BadBuffer {
+                what: label.into(),
+                problem: format!("wgpu cannot bind it to this cache's device: {e}"),
+            }),
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Recording appends, decode attention and fused steps, into a compute pass or any
+//! [`Recorder`].
+
+use super::bind::{Bound, Segment};
+use super::io::{AppendInput, AttendIo, StepIo};
+use super::kv_cache::KvCache;
+use crate::dispatch::{self, Dispatch, GridShape, SMALL_APPEND_MAX_TOKENS};
+use crate::error::{KvqError, Result};
+
+/// Where kvq records its dispatches: a compute pass, or [`crate::export`]'s plan recorder.
+/// Every dispatch kvq records goes through one of the `record_*` functions below, so an
+/// exported plan is exactly what the cache records natively.
+pub(crate) trait Recorder {
+    fn set_pipeline(&mut self, pipeline: &wgpu::ComputePipeline);
+    fn set_bind_group(&mut self, index: u32, group: &Bound);
+    fn dispatch_workgroups(&mut self, x: u32, y: u32, z: u32);
+    /// Dispatches by `rule`'s grid for `shape`: the only way kvq dispatches a kernel.
+    fn dispatch(&mut self, rule: &Dispatch, shape: &GridShape) {
+        let [x, y, z] = rule.workgroups(shape);
+        self.dispatch_workgroups(x, y, z);
+    }
+}
+
+impl Recorder for wgpu::ComputePass<'_> {
+    fn set_pipeline(&mut self, pipeline: &wgpu::ComputePipeline) {
+        wgpu::ComputePass::set_pipeline(self, pipeline);
+    }
+    fn set_bind_group(&mut self, index: u32, group: &Bound) {
+        wgpu::ComputePass::set_bind_group(self, index, &group.group, &[]);
+    }
+    fn dispatch_workgroups(&mut self, x: u32, y: u32, z: u32) {
+        wgpu::ComputePass::dispatch_workgroups(self, x, y, z);
+    }
+}
+
+/// A compute pass of kvq's own in the caller's encoder (for the encoder-level calls).
+fn own_pass<'e>(encoder: &'e mut wgpu::CommandEncoder, label: &str) -> wgpu::ComputePass<'e> {
+    encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(label),
+        timestamp_writes: None,
+    })
+}
+
+impl KvCache {
+    /// Records an append into `encoder` (in a compute pass of its own). A NaN or ±Inf input
+    /// value is stored as 0 (see [`KvCache::append_input`]).
+    pub fn append(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
+        self.append_in_pass(&mut own_pass(encoder, "kvq append"), layer, input)
+    }
+
+    /// Records decode attention into `encoder` (in a compute pass of its own).
+    pub fn attend(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        io: &AttendIo,
+    ) -> Result<()> {
+        self.attend_in_pass(&mut own_pass(encoder, "kvq attend"), layer, io)
+    }
+
+    /// Records a fused decode step into `encoder` (in a compute pass of its own).
+    pub fn step(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        io: &StepIo,
+    ) -> Result<()> {
+        self.step_in_pass(&mut own_pass(encoder, "kvq step"), layer, io)
+    }
+
+    /// Records an append of `input`'s tokens to `layer` into an open compute pass.
+    ///
+    /// Refused (nothing recorded) when any sequence would pass the capacity.
+    pub fn append_in_pass(
+        &mut self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
+        self.record_append(pass, layer, input)
+    }
+
+    /// Records decode attention of `io`'s query over `layer`'s stored prefix into an open
+    /// compute pass. Reads the lengths on the GPU: nothing is uploaded. A sequence with no
+    /// tokens gets a zero output.
+    pub fn attend_in_pass(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        io: &AttendIo,
+    ) -> Result<()> {
+        self.record_attend(pass, layer, io)
+    }
+
+    /// Records a fused decode step for `layer` into an open compute pass: appends the new
+    /// tokens and attends the query over the whole prefix including them, in two dispatches
+    /// (the split kernel writes the new rows it covers; the reduce commits the length).
+    /// Same result as [`KvCache::append_in_pass`] then [`KvCache::attend_in_pass`]; a NaN or
+    /// ±Inf input value is stored as 0 (see [`KvCache::append_input`]).
+    pub fn step_in_pass(
+        &mut self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        io: &StepIo,
+    ) -> Result<()> {
+        self.record_step(pass, layer, io)
+    }
+
+    /// [`KvCache::append_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_append(
+        &mut self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let pipes = self.pipes.append(input.input)?.clone();
+        self.reserve(layer, input.n)?;
+        let segs = &self.layers[layer as usize];
+        pass.set_bind_group(1, &input.bind_group);
+        let mut dispatches = 0;
+        let shape = GridShape {
+            wide_groups: input.wide_groups,
+            ..self.grid_shape()
+        };
+        if input.n <= SMALL_APPEND_MAX_TOKENS {
+            pass.set_pipeline(&pipes[0]);
+            for seg in segs {
+                pass.set_bind_group(0, &seg.append_bg);
+                pass.dispatch(&dispatch::APPEND_SMALL, &shape);
+                dispatches += 1;
+            }
+        } else {
+            pass.set_pipeline(&pipes[1]);
+            for seg in segs {
+                pass.set_bind_group(0, &seg.append_bg);
+                pass.dispatch(&dispatch::APPEND_WIDE, &shape);
+                dispatches += 1;
+            }
+            pass.set_pipeline(&pipes[2]);
+            pass.dispatch(&dispatch::APPEND_COMMIT, &shape);
+            dispatches += 1;
+        }
+        self.ctx.counters().add_dispatches(dispatches);
+        Ok(())
+    }
+
+    /// [`KvCache::attend_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_attend(
+        &self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        io: &AttendIo,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let [split, reduce] = self.pipes.attend();
+        self.record_attention(pass, layer, split, reduce, &io.bind_group, |seg| {
+            &seg.decode_bg
+        });
+        Ok(())
+    }
+
+    /// [`KvCache::step_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_step(
+        &mut self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        io: &StepIo,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let [split, reduce] = self.pipes.step(io.input)?.clone();
+        self.reserve(layer, io.n)?;
+        self.record_attention(pass, layer, &split, &reduce, &io.bind_group, |seg| {
+            &seg.step_bg
+        });
+        Ok(())
+    }
+
+    /// The split dispatch of every segment of `layer`, then the reduce: shared by attend and
+    /// the fused step, which differ in pipelines and bind groups only.
+    fn record_attention(
+        &self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        split: &wgpu::ComputePipeline,
+        reduce: &wgpu::ComputePipeline,
+        io: &Bound,
+        store: impl Fn(&Segment) -> &Bound,
+    ) {
+        let segs = &self.layers[layer as usize];
+        let shape = self.grid_shape();
+        pass.set_bind_group(1, io);
+        pass.set_pipeline(split);
+        for seg in segs {
+            pass.set_bind_group(0, store(seg));
+            pass.dispatch(&dispatch::SPLIT, &shape);
+        }
+        pass.set_pipeline(reduce);
+        pass.dispatch(&dispatch::REDUCE, &shape);
+        self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
+    }
+
+    /// What this cache's dispatch grids are evaluated on ([`crate::dispatch`]).
+    pub fn grid_shape(&self) -> GridShape {
+        GridShape {
+            batch: self.spec.batch,
+            q_heads: self.spec.q_heads,
+            kv_heads: self.spec.kv_heads,
+            splits: self.layout.splits,
+            wide_groups: 0,
+        }
+    }
+
+    /// Refuses (with the host mirror unchanged) an append of `n` tokens that would pass the
+    /// capacity of any sequence of `layer` (for a sliding window, which never fills: the range
+    /// of its u32 position count); otherwise advances the mirror.
+    fn reserve(&mut self, layer: u32, n: u32) -> Result<()> {
+        self.check_layer(layer)?;
+        let b = self.spec.batch as usize;
+        let limit = match self.spec.window {
+            Some(_) => u32::MAX as u64,
+            None => self.spec.capacity as u64,
+        };
+        let lens = &mut self.host_lens[layer as usize * b..(layer as usize + 1) * b];
+        if let Some(&len) = lens.iter().find(|&&l| l as u64 + n as u64 > limit) {
+            return Err(KvqError::CapacityExceeded {
+                layer,
+                len,
+                n,
+                capacity: self.spec.capacity,
+            });
+        }
+        lens.iter_mut().for_each(|l| *l += n);
+        Ok(())
+    }
+}
