@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::plan::{Expected, ReplayPlan};
+use super::plan::{Expected, PlanCheck, ReplayPlan};
 use super::wgsl::{BindGroupLayoutDesc, ExportedKernel};
 
 fn json_str(s: &str) -> String {
@@ -80,6 +80,31 @@ fn layout_json(l: &BindGroupLayoutDesc) -> String {
             json_str(e.kind.webgpu_name()),
             json_str(e.role)
         ))
+    )
+}
+
+/// One check of a plan: label, buffer and the expected contents in base64.
+fn check_json(c: &PlanCheck) -> String {
+    let e = match &c.expected {
+        Expected::F32 {
+            values,
+            chunk,
+            tolerance,
+        } => format!(
+            "\"kind\":\"f32_rel_err\",\"chunk\":{chunk},\"tolerance\":{tolerance:e},\"count\":{},\"expected_f64\":{}",
+            values.len(),
+            json_str(&base64(bytemuck::cast_slice(values)))
+        ),
+        Expected::U32(v) => format!(
+            "\"kind\":\"u32_exact\",\"count\":{},\"expected_u32\":{}",
+            v.len(),
+            json_str(&base64(bytemuck::cast_slice(v)))
+        ),
+    };
+    format!(
+        "{{\"label\":{},\"buffer\":{},{e}}}",
+        json_str(&c.label),
+        c.buffer
     )
 }
 
@@ -173,33 +198,7 @@ impl ReplayPlan {
                 ))
             ))
         );
-        let _ = write!(
-            o,
-            "\"checks\":{}}}",
-            json_arr(&self.checks, |c| {
-                let e = match &c.expected {
-                    Expected::F32 {
-                        values,
-                        chunk,
-                        tolerance,
-                    } => format!(
-                        "\"kind\":\"f32_rel_err\",\"chunk\":{chunk},\"tolerance\":{tolerance:e},\"count\":{},\"expected_f64\":{}",
-                        values.len(),
-                        json_str(&base64(bytemuck::cast_slice(values)))
-                    ),
-                    Expected::U32(v) => format!(
-                        "\"kind\":\"u32_exact\",\"count\":{},\"expected_u32\":{}",
-                        v.len(),
-                        json_str(&base64(bytemuck::cast_slice(v)))
-                    ),
-                };
-                format!(
-                    "{{\"label\":{},\"buffer\":{},{e}}}",
-                    json_str(&c.label),
-                    c.buffer
-                )
-            })
-        );
+        let _ = write!(o, "\"checks\":{}}}", json_arr(&self.checks, check_json));
         o
     }
 }
