@@ -2,7 +2,7 @@
 //!
 //! `cargo run --example export_wgsl -- DIR [--target browser|native] [--only SUBSTRING]`
 //!
-//! For every scenario of `kvq::export::scenarios()` (every GPU codec for K and V, several
+//! For every scenario of `shared/scenarios.rs` (every GPU codec for K and V, several
 //! shapes, the separate and the fused step path) it writes
 //! * `DIR/<scenario>/<module>.wgsl`: each kernel module's exact WGSL for the target;
 //! * `DIR/<scenario>/plan.json`: the replay plan (buffers, pipelines, bind groups, dispatches,
@@ -16,6 +16,9 @@ use std::path::PathBuf;
 
 use kvq::GpuContext;
 use kvq::export::{self, Target};
+
+#[path = "shared/scenarios.rs"]
+mod scenarios;
 
 fn main() {
     if let Err(e) = run() {
@@ -55,7 +58,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     std::fs::create_dir_all(&dir)?;
     let mut entries = Vec::new();
-    let scenarios: Vec<_> = export::scenarios()
+    let scenarios: Vec<_> = scenarios::scenarios()
         .into_iter()
         .filter(|s| only.as_ref().is_none_or(|o| s.name.contains(o.as_str())))
         .collect();

@@ -4,6 +4,8 @@
 //! plans can rot without `cargo test` noticing. (web/replay.mjs replays the same plans in Dawn.)
 
 mod common;
+#[path = "../examples/shared/scenarios.rs"]
+mod scenarios;
 
 use std::collections::HashMap;
 
@@ -12,7 +14,7 @@ use kvq::{Codec, InputType, KernelConfig, KvCodecs, KvqError};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 fn configs() -> Vec<KernelConfig> {
-    let codecs = export::harness_codecs();
+    let codecs = scenarios::harness_codecs();
     let mut v = Vec::new();
     for (i, &k) in codecs.iter().enumerate() {
         // Each codec as K with itself and with the next codec as V (V without QJL).
@@ -128,7 +130,7 @@ fn every_exported_kernel_parses_and_matches_its_layouts() {
         }
     }
     eprintln!("{checked} exported modules parsed and validated");
-    assert!(checked >= 2 * 5 * 2 * export::harness_codecs().len());
+    assert!(checked >= 2 * 5 * 2 * scenarios::harness_codecs().len());
 }
 
 #[test]
@@ -147,15 +149,15 @@ fn export_refuses_what_it_cannot_serve_with_typed_errors() {
     let mut cfg = configs().remove(0);
     cfg.gqa = 0;
     assert!(export::kernel_wgsl(&cfg, KernelModule::Decode, Target::Browser).is_err());
-    let mut sc = export::scenarios().remove(0);
+    let mut sc = scenarios::scenarios().remove(0);
     sc.prefill = sc.spec.capacity;
     assert!(export::replay_plan(common::ctx(), &sc, Target::Browser).is_err());
 }
 
 #[test]
 fn scenarios_cover_every_gpu_codec_both_paths_and_the_shapes() {
-    let sc = export::scenarios();
-    let harness = export::harness_codecs();
+    let sc = scenarios::scenarios();
+    let harness = scenarios::harness_codecs();
     for c in &harness {
         assert!(sc.iter().any(|s| s.spec.codecs.k == *c), "K {}", c.name());
         if !c.qjl {
@@ -334,7 +336,7 @@ fn replay_natively(plan: &ReplayPlan) -> Vec<Vec<u8>> {
 
 #[test]
 fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
-    let all = export::scenarios();
+    let all = scenarios::scenarios();
     // One plan per path, with quantized K and V and several storage segments among them.
     let picks: Vec<_> = [
         all.iter()
@@ -434,7 +436,7 @@ fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
         }
     }
     let mut checked = 0;
-    for sc in export::scenarios() {
+    for sc in scenarios::scenarios() {
         let plan = export::replay_plan(common::ctx(), &sc, Target::Browser).expect("plan");
         let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
         let shape = &json["grid_shape"];

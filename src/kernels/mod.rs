@@ -1,7 +1,7 @@
 //! WGSL assembly and pipelines.
 //!
 //! Each kernel module is one root file under `wgsl/kernels/`, expanded by kvq's preprocessor
-//! ([`preprocess`]) against one table of constants: the cache's shape, codec and tuning
+//! (`src/kernels/preprocess.rs`) against one table of constants: the cache's shape, codec and tuning
 //! numbers, emitted as a block of WGSL `const`s in front of the module. Baking the shape into
 //! constants lets the compiler unroll the head loops and size workgroup arrays, and makes
 //! every exported shader self-contained. `wgsl/README.md` states what each file provides.

@@ -1,0 +1,115 @@
+//! The scenarios the exported replay plans cover: what `examples/export_wgsl.rs` writes for
+//! the Dawn harness (`web/replay.mjs`) and what `tests/export.rs` checks and replays. Shared
+//! by both through `#[path]` (not an example of its own); the library only builds a plan for
+//! a given [`Scenario`] (`kvq::export::replay_plan`).
+
+use kvq::export::{Scenario, StepPath};
+use kvq::kernels::gpu_supported;
+use kvq::{CacheSpec, Codec, InputType, KvCodecs};
+
+/// The codecs the web harness runs: every family at every bit width it serves, both scale
+/// granularities and QJL on each rotated family; a subset of `kvq::export::gpu_codecs` (the
+/// ~50 variants all share these kernels' code paths, and each costs a pipeline build on a CPU
+/// driver).
+pub fn harness_codecs() -> Vec<Codec> {
+    [
+        "none",
+        "q8",
+        "q4",
+        "turbo1",
+        "turbo2b",
+        "turbo3",
+        "turbo4b",
+        "rotor1b",
+        "rotor2",
+        "rotor3",
+        "rotor4b",
+        "iso1",
+        "iso2b",
+        "iso3b",
+        "iso4",
+        "turbo3+qjl",
+        "rotor3b+qjl",
+        "iso4+qjl",
+    ]
+    .iter()
+    .filter_map(|n| Codec::parse(n).ok())
+    .filter(|&c| gpu_supported(c))
+    .collect()
+}
+
+/// The scenarios kvq's web harness runs: every codec of [`harness_codecs`] as K (with V the
+/// next codec of the list that has no QJL) and as V, on rotating shapes (head_dim 64 and 128,
+/// GQA 1 and 4, one and two sequences, one and three storage segments, prefill on the small
+/// and the wide append path, lengths that are no multiple of any tile), the pairings taking
+/// the separate and the fused step path in turn, with f32 and f16 inputs alternating.
+pub fn scenarios() -> Vec<Scenario> {
+    // (head_dim, q_heads, kv_heads, batch, segment_tokens, prefill)
+    let shapes: [(u32, u32, u32, u32, Option<u32>, u32); 4] = [
+        (64, 4, 4, 1, None, 70),
+        (128, 8, 2, 2, None, 37),
+        (128, 4, 4, 2, Some(64), 150),
+        (64, 8, 2, 1, Some(32), 5),
+    ];
+    let codecs = harness_codecs();
+    let mut pairs = Vec::new();
+    for (i, &k) in codecs.iter().enumerate() {
+        let v = (1..=codecs.len())
+            .map(|o| codecs[(i + o) % codecs.len()])
+            .find(|c| !c.qjl)
+            .unwrap_or(Codec::NONE);
+        pairs.push(KvCodecs { k, v });
+    }
+    let mut out = Vec::new();
+    for (i, pair) in pairs.into_iter().enumerate() {
+        for (j, path) in [StepPath::Separate, StepPath::Fused]
+            .into_iter()
+            .enumerate()
+            .filter(|&(j, _)| j == i % 2)
+        {
+            let (d, qh, kvh, batch, seg, prefill) = shapes[(i + i / 4) % shapes.len()];
+            let steps = 3;
+            let mut spec = CacheSpec::new(2, qh, kvh, d, prefill + steps + 11)
+                .with_codecs(pair)
+                .with_batch(batch)
+                .with_splits(3);
+            spec.segment_tokens = seg;
+            if i % 3 == 2 {
+                // A sliding window whose ring wraps during the prefill or the steps.
+                spec.capacity = (prefill + steps).div_ceil(2).max(4);
+                spec.window = Some(spec.capacity - 2);
+            }
+            let path_name = match path {
+                StepPath::Separate => "separate",
+                StepPath::Fused => "fused",
+            };
+            let window = spec.window.map(|w| format!("-w{w}")).unwrap_or_default();
+            let name = format!(
+                "{}-d{d}-g{}-b{batch}-n{prefill}{window}-{path_name}",
+                pair.name().replace([',', '='], "_").replace('+', "p"),
+                qh / kvh
+            );
+            out.push(Scenario {
+                name,
+                spec,
+                layer: 1,
+                prefill,
+                // Input types alternate so every append and step module variant is dispatched.
+                prefill_input: if i % 2 == 1 {
+                    InputType::F16
+                } else {
+                    InputType::F32
+                },
+                steps,
+                step_input: if (i / 2) % 2 == 1 {
+                    InputType::F16
+                } else {
+                    InputType::F32
+                },
+                path,
+                seed: 1000 + i as u64 * 2 + j as u64,
+            });
+        }
+    }
+    out
+}
