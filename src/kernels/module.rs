@@ -3,10 +3,6 @@
 //! recorder and [`crate::export`] alike.
 
 use crate::dispatch::Dispatch;
-use crate::kernels::InputType;
-use crate::kernels::pipelines::{
-    APPEND_INPUT, APPEND_STORE, DECODE_IO, DECODE_STORE, LayoutTable, STEP_IO, STEP_STORE,
-};
 
 /// One WGSL module kvq builds for a cache (a module holds several entry points).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,3 +78,95 @@ impl KernelModule {
         }
     }
 }
+
+/// Element type of the caller's K/V input buffers for append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InputType {
+    /// `f32` values.
+    F32,
+    /// `f16` values, two per 32-bit word (element 2i in the low half).
+    F16,
+}
+
+impl InputType {
+    /// `"f32"` or `"f16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputType::F32 => "f32",
+            InputType::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            InputType::F32 => 4,
+            InputType::F16 => 2,
+        }
+    }
+}
+
+/// A bind group layout: its label and, per binding, the buffer type and the buffer's role
+/// (what [`crate::export`] tells other WebGPU hosts).
+pub(crate) type LayoutTable = (
+    &'static str,
+    &'static [(u32, wgpu::BufferBindingType, &'static str)],
+);
+
+const UNIFORM: wgpu::BufferBindingType = wgpu::BufferBindingType::Uniform;
+const RW: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: false };
+const RO: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: true };
+
+pub(crate) const APPEND_STORE: LayoutTable = (
+    "kvq append store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RW, "K store"),
+        (2, RW, "V store"),
+        (3, RW, "lengths"),
+    ],
+);
+pub(crate) const APPEND_INPUT: LayoutTable = (
+    "kvq append input",
+    &[
+        (0, RO, "K input"),
+        (1, RO, "V input"),
+        (2, UNIFORM, "append params"),
+    ],
+);
+pub(crate) const DECODE_STORE: LayoutTable = (
+    "kvq decode store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RO, "K store"),
+        (2, RO, "V store"),
+        (3, RO, "lengths"),
+        (4, RW, "partials"),
+    ],
+);
+pub(crate) const DECODE_IO: LayoutTable = ("kvq decode io", &[(0, RO, "query"), (1, RW, "output")]);
+pub(crate) const STEP_STORE: LayoutTable = (
+    "kvq step store",
+    &[
+        (0, UNIFORM, "segment params"),
+        (1, RW, "K store"),
+        (2, RW, "V store"),
+        (3, RW, "lengths"),
+        (4, RW, "partials"),
+    ],
+);
+pub(crate) const STEP_IO: LayoutTable = (
+    "kvq step io",
+    &[
+        (0, RO, "query"),
+        (1, RW, "output"),
+        (2, RO, "K input"),
+        (3, RO, "V input"),
+        (4, UNIFORM, "step params"),
+    ],
+);
+
+/// Entry points of an append module, in the order of [`Pipelines::append`].
+pub(crate) const APPEND_ENTRIES: [&str; 3] = ["append_small", "append_wide", "append_commit"];
+/// Entry points of a decode or step module, in the order of [`Pipelines::step`].
+pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];

@@ -4,7 +4,11 @@
 use std::sync::OnceLock;
 
 use crate::error::{KvqError, Result};
-use crate::kernels::{InputType, KernelConfig, KernelModule};
+use crate::kernels::config::KernelConfig;
+use crate::kernels::module::{
+    APPEND_ENTRIES, APPEND_INPUT, APPEND_STORE, ATTEND_ENTRIES, DECODE_IO, DECODE_STORE, InputType,
+    KernelModule, LayoutTable, STEP_IO, STEP_STORE,
+};
 
 /// A pipeline with its module, entry point and bind group layouts (groups 0 and 1).
 pub(crate) type Described<'a> = (
@@ -61,71 +65,6 @@ fn layout(device: &wgpu::Device, table: LayoutTable) -> wgpu::BindGroupLayout {
         entries: &e,
     })
 }
-
-/// A bind group layout: its label and, per binding, the buffer type and the buffer's role
-/// (what [`crate::export`] tells other WebGPU hosts).
-pub(crate) type LayoutTable = (
-    &'static str,
-    &'static [(u32, wgpu::BufferBindingType, &'static str)],
-);
-
-const UNIFORM: wgpu::BufferBindingType = wgpu::BufferBindingType::Uniform;
-const RW: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: false };
-const RO: wgpu::BufferBindingType = wgpu::BufferBindingType::Storage { read_only: true };
-
-pub(crate) const APPEND_STORE: LayoutTable = (
-    "kvq append store",
-    &[
-        (0, UNIFORM, "segment params"),
-        (1, RW, "K store"),
-        (2, RW, "V store"),
-        (3, RW, "lengths"),
-    ],
-);
-pub(crate) const APPEND_INPUT: LayoutTable = (
-    "kvq append input",
-    &[
-        (0, RO, "K input"),
-        (1, RO, "V input"),
-        (2, UNIFORM, "append params"),
-    ],
-);
-pub(crate) const DECODE_STORE: LayoutTable = (
-    "kvq decode store",
-    &[
-        (0, UNIFORM, "segment params"),
-        (1, RO, "K store"),
-        (2, RO, "V store"),
-        (3, RO, "lengths"),
-        (4, RW, "partials"),
-    ],
-);
-pub(crate) const DECODE_IO: LayoutTable = ("kvq decode io", &[(0, RO, "query"), (1, RW, "output")]);
-pub(crate) const STEP_STORE: LayoutTable = (
-    "kvq step store",
-    &[
-        (0, UNIFORM, "segment params"),
-        (1, RW, "K store"),
-        (2, RW, "V store"),
-        (3, RW, "lengths"),
-        (4, RW, "partials"),
-    ],
-);
-pub(crate) const STEP_IO: LayoutTable = (
-    "kvq step io",
-    &[
-        (0, RO, "query"),
-        (1, RW, "output"),
-        (2, RO, "K input"),
-        (3, RO, "V input"),
-        (4, UNIFORM, "step params"),
-    ],
-);
-
-/// Entry points of an append module, in the order of [`Pipelines::append`].
-pub(crate) const APPEND_ENTRIES: [&str; 3] = ["append_small", "append_wide", "append_commit"];
-/// Entry points of a decode or step module, in the order of [`Pipelines::step`].
-pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];
 
 impl Pipelines {
     /// Every pipeline with its module, entry point and bind group layouts (groups 0 and 1),

@@ -1,0 +1,673 @@
+//! A cache's kernel configuration and the one table of constants its modules are assembled
+//! against: every shape, codec and tuning number the WGSL reads is decided here.
+
+use super::module::{InputType, KernelModule};
+use super::preprocess::{self, Defines, Value};
+use super::workgroup;
+use crate::codec::{Codec, CodecKind, FAMILIES, ScaleMode, lloyd, rotation};
+use crate::error::{KvqError, Result};
+
+/// Tokens per K interleave block (`KB` in the WGSL): K rows are stored interleaved chunk by
+/// chunk across blocks of this many tokens, and storage segments start on whole blocks.
+pub(crate) const K_BLOCK: u32 = 32;
+
+/// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShapeRule {
+    HeadDim,
+    Gqa,
+    Workgroup,
+}
+
+/// The shapes kvq's kernels are written for, and audited for running without wgpu's index
+/// clamps ([`KernelConfig::clamps_indices`]): the one copy of these rules, read by
+/// [`crate::CacheSpec::validate`] and by [`KernelConfig::check`], which guards every module's
+/// assembly and [`crate::export`]. `workgroup`: `None` where the device picks it (always a
+/// valid size). The error names the rule and says why.
+pub(crate) fn check_shape(
+    head_dim: u32,
+    gqa: u32,
+    workgroup: Option<u32>,
+) -> std::result::Result<(), (ShapeRule, String)> {
+    if !head_dim.is_multiple_of(32) || !(32..=256).contains(&head_dim) {
+        let why = "kvq's kernels need a multiple of 32 between 32 and 256";
+        return Err((ShapeRule::HeadDim, why.into()));
+    }
+    if !(1..=8).contains(&gqa) {
+        let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
+        return Err((ShapeRule::Gqa, why));
+    }
+    if let Some(w) = workgroup
+        && ![64, 128, 256].contains(&w)
+    {
+        let why = format!("decode workgroup {w} must be 64, 128 or 256");
+        return Err((ShapeRule::Workgroup, why));
+    }
+    Ok(())
+}
+
+/// Everything a kernel's source depends on. [`crate::KvCache`] derives it from its spec and
+/// the device; tests and exporters may build one directly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelConfig {
+    /// Head dimension.
+    pub head_dim: u32,
+    /// GQA ratio (query heads per KV head).
+    pub gqa: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+    /// Batch (sequences).
+    pub batch: u32,
+    /// Capacity in tokens (slots per sequence; a ring of them with a sliding window).
+    pub capacity: u32,
+    /// Sliding window: attend only the last this many tokens, keeping the last `capacity` in a
+    /// ring (see [`crate::CacheSpec::window`]). `None`: attend everything, up to `capacity`.
+    pub window: Option<u32>,
+    /// Layers.
+    pub layers: u32,
+    /// Decode splits per storage segment.
+    pub splits: u32,
+    /// Storage segments per layer.
+    pub segments: u32,
+    /// Fewest tokens a decode split takes before fewer splits are used.
+    pub min_chunk: u32,
+    /// Softmax scale.
+    pub scale: f32,
+    /// Invocations per decode workgroup.
+    pub workgroup: u32,
+    /// K codec.
+    pub k: Codec,
+    /// V codec.
+    pub v: Codec,
+}
+
+impl KernelConfig {
+    /// Whether this cache's kernels are compiled with wgpu's index clamping: every codec but a
+    /// rotated V codec's (see the crate's `kernels::runtime_checks` for the measurements and
+    /// why every index is in range without it).
+    pub fn clamps_indices(&self) -> bool {
+        // The audits hold for the shapes `CacheSpec::validate` accepts; a configuration built
+        // by hand outside them keeps the clamps.
+        let shape_ok = self.check().is_ok() && !self.v.qjl;
+        !(self.v.kind.is_rotated() && shape_ok)
+    }
+
+    /// Checks what the kernels' assembly assumes, so that it cannot panic and every module
+    /// it builds is one the audits cover: the shape rules, GPU codecs that serve the
+    /// head_dim, and no count of zero.
+    pub fn check(&self) -> Result<()> {
+        for c in [self.k, self.v] {
+            c.layout(self.head_dim)?;
+            if !gpu_supported(c) {
+                return Err(KvqError::InvalidSpec(format!(
+                    "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels: the QJL-only configurations (0-bit codes) are for quality studies",
+                    c.name()
+                )));
+            }
+        }
+        check_shape(self.head_dim, self.gqa, Some(self.workgroup)).map_err(|(rule, why)| {
+            KvqError::InvalidSpec(format!("kernel config ({rule:?}): {why}"))
+        })?;
+        let counts = [
+            self.kv_heads,
+            self.batch,
+            self.capacity,
+            self.layers,
+            self.splits,
+            self.segments,
+        ];
+        if counts.contains(&0) {
+            return Err(KvqError::InvalidSpec(
+                "kernel config: kv_heads, batch, capacity, layers, splits and segments must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decode splits over all segments (the partials per query head): per segment, `splits`
+    /// over the stored tokens and one for the tokens a fused step appends.
+    pub fn splits_total(&self) -> u32 {
+        (self.splits + 1) * self.segments
+    }
+
+    /// The table of constants every module of this configuration is assembled against (and
+    /// emits as WGSL `const`s): the one place a number the kernels use is decided.
+    fn defines(&self) -> Defines {
+        self.defines_with(self.kv_joint())
+    }
+
+    /// [`Self::defines`] with K's encoder encoding V too or not ([`Self::kv_joint`]).
+    /// (Only for a configuration [`Self::check`] accepts: the layouts exist.)
+    fn defines_with(&self, joint: bool) -> Defines {
+        let er = self.encode_rows_with(joint);
+        let mut h = Defines::default();
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        for f in &FAMILIES {
+            c(f.wgsl_kind, f.kind.id());
+        }
+        c("D", self.head_dim);
+        c("G", self.gqa);
+        c("KVH", self.kv_heads);
+        c("QH", self.kv_heads * self.gqa);
+        c("B", self.batch);
+        c("CAP", self.capacity);
+        c("WIN", self.window.unwrap_or(self.capacity));
+        h.constant("RING", Value::Bool(self.window.is_some()));
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        c("LAYERS", self.layers);
+        c("NSPLIT", self.splits);
+        c("SPLITS_TOTAL", self.splits_total());
+        c("MIN_CHUNK", self.min_chunk);
+        c("WG", self.workgroup);
+        c("KU", k_unroll(self.head_dim));
+        c("VU", V_UNROLL);
+        c("VB", self.v_batch());
+        c("VBF", self.v_batch_full());
+        c("KCG", CODE_GROUPS);
+        c("KTG", self.k_tail_groups());
+        c("QV", self.query_values());
+        c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
+        c("KB", K_BLOCK);
+        let cst = self.constant_offsets();
+        for (side, codec, off) in [("K", self.k, cst.k), ("V", self.v, cst.v)] {
+            let d = self.head_dim;
+            let l = codec.layout(d).expect("codec checked by KvCache::new");
+            let mut c = |name: &str, v: u32| h.constant(&format!("{side}_{name}"), Value::U32(v));
+            c("WORDS", l.words);
+            c("BITS", l.code_bits);
+            c("SIDE_WORD", l.side_offset_bits / 32);
+            c("SIDE_BIT", l.side_offset_bits);
+            c("NSIDE", l.n_side);
+            c("NC", l.n_codes);
+            c("CODE_WORDS", (l.n_codes * l.code_bits).div_ceil(32));
+            c("TASKS", encode_tasks(codec, d));
+            c("KIND", codec.kind.id());
+            c("ROT", off.rot);
+            c("LV", off.levels);
+            c("BD", off.bounds);
+            c("QJL_WORD", l.qjl_offset_bits.unwrap_or(0) / 32);
+            c("QJL_NORM_BIT", l.qjl_norm_offset_bits);
+            let mut b = |name: &str, v: bool| h.constant(&format!("{side}_{name}"), Value::Bool(v));
+            b("INTERLEAVED", side == "K");
+            b("ROTATED", codec.kind.is_rotated());
+            b(
+                "BLOCK32",
+                codec.kind.is_rotated() && codec.scale == ScaleMode::Block32,
+            );
+            b("QJL", codec.qjl);
+        }
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        c("QJL_S", cst.qjl);
+        c("CST", 2 * self.layers * self.batch);
+        c("VW", self.v_width());
+        c("VC", self.v_columns());
+        c("PV4", self.partial_width() / 4);
+        c("RP", self.reduce_slots());
+        h.constant(
+            "V_VSCALE",
+            Value::Bool(self.v.kind.is_rotated() && self.v.scale == ScaleMode::PerVector),
+        );
+        h.constant("K_PAIRS", Value::Bool(self.k_pairs()));
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        // (A WGSL array needs one entry at least: 1, unused, without pairs.)
+        c("K_NPAIR", self.k_pair_entries().max(1));
+        c(
+            "QSH",
+            if self.k.kind.is_rotated() {
+                1
+            } else {
+                self.gqa * self.head_dim / 4
+            },
+        );
+        c(
+            "SQN",
+            if self.k.qjl {
+                self.gqa * self.head_dim
+            } else {
+                4
+            },
+        );
+        c("RW", self.rot_width());
+        c("ER", er);
+        h.constant("KV_JOINT", Value::Bool(joint));
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        c("RROWS", self.gqa.max(er));
+        c("DIAG_N", self.diag_len());
+        c("SIDE_MAX", self.side_max());
+        h.constant(
+            "COOP",
+            Value::Bool(self.k.kind.is_rotated() || self.v.kind.is_rotated()),
+        );
+        h.constant("SCALE", Value::F32(self.scale));
+        h
+    }
+
+    /// The WGSL of `module` for this configuration.
+    pub fn module_source(&self, module: KernelModule) -> Result<String> {
+        self.module_source_with(module, self.defines())
+    }
+
+    fn module_source_with(&self, module: KernelModule, mut defines: Defines) -> Result<String> {
+        self.check()?;
+        defines.switch("ENCODE", module.encodes());
+        defines.switch("IN_F16", module.input() == Some(InputType::F16));
+        preprocess::assemble(module.root(), &defines)
+    }
+
+    /// Every kernel source with a short name, as compiled for this configuration.
+    pub fn sources(&self) -> Result<Vec<(String, String)>> {
+        KernelModule::all()
+            .into_iter()
+            .map(|m| Ok((m.name(), self.module_source(m)?)))
+            .collect()
+    }
+
+    /// Workgroup memory the `split` kernel of the fused step uses (the larger of the two
+    /// split kernels), in bytes as WebGPU counts it against `maxComputeWorkgroupStorageSize`
+    /// (each variable rounded up to 16 bytes), read off the compiled module.
+    pub fn split_workgroup_bytes(&self) -> Result<u32> {
+        Ok(self.split_memory(self.defines())?.webgpu)
+    }
+
+    /// The fused step's `split` kernel's workgroup memory with `defines`.
+    fn split_memory(&self, defines: Defines) -> Result<workgroup::WorkgroupBytes> {
+        let src = self.module_source_with(KernelModule::Step(InputType::F16), defines)?;
+        workgroup::workgroup_bytes(&src, "split")
+    }
+
+    /// Whether the rotated K reader looks its codes up two at a time (`K_PAIRS`, the level-pair
+    /// table `lp_k` in wgsl/codecs/read_k_rot.wgsl): for codes of at most 3 bits (a table of at most
+    /// 512 bytes) beside a V that is not rotated. H200, qwen3-8b (BENCHMARKS.md, "Kernel choices, measured"):
+    /// 3-bit K-only codecs 2.5-4 % faster at 32k, 2-bit 6.5 %, the QJL K 3-6 %; 4-bit codes'
+    /// 2 KiB table took the split kernel past 12 KiB of workgroup memory (33-43 % slower, the
+    /// 12 KiB cliff), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at
+    /// 32k.
+    fn k_pairs(&self) -> bool {
+        self.k.kind.is_rotated() && self.k.bits <= 3 && !self.v.kind.is_rotated()
+    }
+
+    /// Entries (two levels each) of the level-pair table: 0 without [`Self::k_pairs`].
+    fn k_pair_entries(&self) -> u32 {
+        if self.k_pairs() {
+            1 << (2 * self.k.bits as u32)
+        } else {
+            0
+        }
+    }
+
+    /// V values each decode thread accumulates per row: 8 for a rotated V codec (its 8 codes
+    /// come from one or two words), else 4.
+    pub fn v_width(&self) -> u32 {
+        if self.v.kind.is_rotated() { 8 } else { 4 }
+    }
+
+    /// Value columns ([`KernelConfig::v_width`] values each) of the V accumulators: over
+    /// `D`, or over a rotated V codec's `n_codes` (its output is un-rotated in the reduce).
+    pub fn v_columns(&self) -> u32 {
+        if self.v.kind.is_rotated() {
+            n_codes(self.v, self.head_dim).div_ceil(self.v_width())
+        } else {
+            self.head_dim / 4
+        }
+    }
+
+    /// V rows a decode thread loads together in a full tile (`$x` lines, `VBF`): 16 (64
+    /// values) for an f16 or q8 V beside a K without QJL, else [`Self::v_batch`] (no separate
+    /// full-tile loop). On an H200 (qwen3-8b, 32k) twice the rows in flight took `none`,
+    /// `k_q8`, `q8_sym` and the turbo and iso K-only codecs 4-11 % faster, but the rotor K+V
+    /// codecs 3-6 %, `q4_sym` 2 % and the QJL K 11 % slower (BENCHMARKS.md, "Kernel choices, measured"). A
+    /// partial tile (short contexts, whose splits hold less than a tile) keeps the smaller
+    /// batch, which measured better there.
+    fn v_batch_full(&self) -> u32 {
+        let f16_or_q8 = match self.v.kind {
+            CodecKind::None => true,
+            CodecKind::Sym => self.v.bits == 8,
+            _ => false,
+        };
+        if f16_or_q8 && !self.k.qjl {
+            64 / self.v_width()
+        } else {
+            self.v_batch()
+        }
+    }
+
+    /// V rows a decode thread loads together (`$w` lines, `VB`): 32 values in flight.
+    fn v_batch(&self) -> u32 {
+        32 / self.v_width()
+    }
+
+    /// Groups of 4 codes in a rotated K's short last block of 32 (`$t` lines): rotor's
+    /// n_codes is not a multiple of 32.
+    fn k_tail_groups(&self) -> u32 {
+        if self.k.kind.is_rotated() {
+            (n_codes(self.k, self.head_dim) % 32).div_ceil(4)
+        } else {
+            0
+        }
+    }
+
+    /// Split slots each reduce lane folds per pass (`$p` lines and `RP`): enough for every
+    /// split in one pass, at most 16 (the loads of a pass are all in flight at once).
+    fn reduce_slots(&self) -> u32 {
+        let lanes = 256 / (self.partial_width() / 4);
+        self.splits_total().div_ceil(lanes).clamp(1, 16)
+    }
+
+    /// Query tasks each decode invocation loads (and rotates) for a rotated K (`$r` lines):
+    /// per head of the group, a rotor's groups of 3 coordinates, else the vec4s of its padded
+    /// `rot_sh` row (wgsl/kernels/attention.wgsl, `query_task`).
+    fn query_values(&self) -> u32 {
+        let tasks = match self.k.kind {
+            CodecKind::Rotor if !self.k.qjl => self.head_dim.div_ceil(3),
+            k if k.is_rotated() => self.rot_width() / 4,
+            _ => return 1,
+        };
+        (self.gqa * tasks).div_ceil(self.workgroup)
+    }
+
+    /// Floats of turbo's diagonal kept in workgroup memory (`diag_sh`): D per turbo side, 1
+    /// (unused) without one.
+    fn diag_len(&self) -> u32 {
+        let sides = [self.k, self.v]
+            .iter()
+            .filter(|c| c.kind == CodecKind::Turbo)
+            .count() as u32;
+        (sides * self.head_dim).max(1)
+    }
+
+    /// Floats of one partial output vector (per split and query head).
+    pub fn partial_width(&self) -> u32 {
+        self.v_columns() * self.v_width()
+    }
+
+    /// Row width of the rotation scratch: the largest rotated side's `n_codes`, padded to a
+    /// multiple of 32 (4 when no side is rotated).
+    fn rot_width(&self) -> u32 {
+        [self.k, self.v]
+            .into_iter()
+            .filter(|c| c.kind.is_rotated())
+            .map(|c| n_codes(c, self.head_dim).next_multiple_of(32))
+            .max()
+            .unwrap_or(4)
+    }
+
+    /// Rows a workgroup encodes at once (rotated codecs): about 256 values per pass, and at
+    /// least a token's K and V rows where they are encoded together ([`Self::kv_joint`]).
+    #[cfg(test)]
+    fn encode_rows(&self) -> u32 {
+        self.encode_rows_with(self.kv_joint())
+    }
+
+    fn encode_rows_with(&self, joint: bool) -> u32 {
+        let natural = (256 / self.rot_width()).clamp(1, 4);
+        if joint { natural.max(2) } else { natural }
+    }
+
+    /// Whether K's encoder also encodes V (`KV_JOINT`): both sides the same rotated codec
+    /// (the same rotation, levels and layout; the constants come from one seed) and no QJL.
+    /// A token's two rows then share one chain of barriers instead of one each: in the fused
+    /// step that chain is split 0's, on the step's critical path at short contexts (H200,
+    /// qwen3-8b: rotated K+V codecs 2-3 % faster at 4k and 9-11 % at 1k, BENCHMARKS.md, "Kernel choices, measured"). Where a
+    /// row is wider than 128 codes (D > 128, or rotor's 129 at D = 128) that takes a second
+    /// encoder row of workgroup memory, added only while the split kernel stays within 12 KiB:
+    /// past about 12 KB the split kernels ran 25-30 % slower (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"), and larger shapes
+    /// must still fit the 32 KiB of workgroup memory kvq asks for.
+    fn kv_joint(&self) -> bool {
+        let same = self.k.kind.is_rotated() && self.k == self.v && !self.k.qjl;
+        // The cliff is in what the GPU allocates: the exact sum. (A module that fails to
+        // assemble fails again, with its error, when it is built.)
+        let fits = || {
+            self.split_memory(self.defines_with(true))
+                .is_ok_and(|b| b.exact <= 12 * 1024)
+        };
+        same && (256 / self.rot_width() >= 2 || fits())
+    }
+
+    /// Most f16 sideband values of a row on either side.
+    fn side_max(&self) -> u32 {
+        [self.k, self.v]
+            .into_iter()
+            .map(|c| c.layout(self.head_dim).map(|l| l.n_side).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
+    /// Where each rotated side's coefficients, levels and boundaries, and the QJL matrix,
+    /// lie in the codec constants (f32 indices after the lengths and overflow flags).
+    fn constant_offsets(&self) -> ConstantOffsets {
+        let d = self.head_dim;
+        let mut at = 0;
+        let mut side = |c: Codec| {
+            let rot = at;
+            at += (c.kind.family().coefficient_count)(d);
+            let levels = at;
+            at += if c.kind.is_rotated() { 32 } else { 0 };
+            SideOffsets {
+                rot,
+                levels,
+                bounds: levels + 16,
+            }
+        };
+        let (k, v) = (side(self.k), side(self.v));
+        ConstantOffsets {
+            k,
+            v,
+            qjl: at,
+            len: at + if self.k.qjl { d * d } else { 0 },
+        }
+    }
+
+    /// The codec constants the kernels read (rotation coefficients, Lloyd–Max levels and
+    /// boundaries, QJL matrix: exactly the CPU reference's f32 values for `seed`; a rotor's
+    /// matrices and an iso's quaternions, whose left-multiplication matrices the reference
+    /// uses, one coefficient of every group before the next), as stored after the lengths and
+    /// overflow flags in the lengths buffer.
+    pub fn constants(&self, seed: u64) -> Vec<f32> {
+        let d = self.head_dim as usize;
+        let off = self.constant_offsets();
+        let mut out = vec![0.0f32; off.len as usize];
+        for (c, o) in [(self.k, off.k), (self.v, off.v)] {
+            if !c.kind.is_rotated() {
+                continue;
+            }
+            let rot = (c.kind.family().coefficients)(seed, d);
+            out[o.rot as usize..][..rot.len()].copy_from_slice(&rot);
+            let cb = lloyd::codebook(c.bits);
+            let lv = cb.levels_f32();
+            out[o.levels as usize..][..lv.len()].copy_from_slice(&lv);
+            let bd = cb.boundaries_f32();
+            out[o.bounds as usize..][..bd.len()].copy_from_slice(&bd);
+        }
+        if self.k.qjl {
+            // Stored transposed (S^T, row k = column k of S): invocations computing
+            // neighbouring (S x)_j then read neighbouring words.
+            let s = rotation::qjl_matrix(seed, d, d);
+            let st = &mut out[off.qjl as usize..][..s.len()];
+            for j in 0..d {
+                for k in 0..d {
+                    st[k * d + j] = s[j * d + k];
+                }
+            }
+        }
+        out
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SideOffsets {
+    rot: u32,
+    levels: u32,
+    bounds: u32,
+}
+
+#[derive(Clone, Copy)]
+struct ConstantOffsets {
+    k: SideOffsets,
+    v: SideOffsets,
+    qjl: u32,
+    len: u32,
+}
+
+fn n_codes(c: Codec, head_dim: u32) -> u32 {
+    c.layout(head_dim).map(|l| l.n_codes).unwrap_or(head_dim)
+}
+
+/// Independent encode tasks per stored row (each task writes whole words): a word per task
+/// for f16; for q8/q4 one per code word, then one per scale word (two blocks' scales).
+/// Rotated codecs have none: the workgroup encodes their rows together (`encode_rows`).
+pub(crate) fn encode_tasks(codec: Codec, head_dim: u32) -> u32 {
+    match codec.kind {
+        CodecKind::None => head_dim / 2,
+        CodecKind::Sym => head_dim * codec.bits as u32 / 32 + head_dim.div_ceil(64),
+        _ => 0,
+    }
+}
+
+/// Whether the GPU kernels serve `codec`: every codec but the QJL-only quality configuration
+/// (`turbo0+qjl` and the like, 0-bit codes), which has a CPU reference only.
+pub fn gpu_supported(codec: Codec) -> bool {
+    codec.validate().is_ok() && codec.bits > 0
+}
+
+/// f16 K chunks (16 bytes each) one thread loads together before using them (`$u` lines):
+/// 8 (half a D = 128 row; 4 measured 1 % slower on an H200, BENCHMARKS.md, "Kernel choices, measured") where
+/// that divides the row's D / 8 chunks, else 4 (D is a multiple of 32).
+pub(crate) fn k_unroll(head_dim: u32) -> u32 {
+    let chunks = head_dim / 8;
+    if chunks.is_multiple_of(8) {
+        8
+    } else {
+        chunks.min(4)
+    }
+}
+
+/// V rows one thread loads together before using them (`$v` lines).
+pub(crate) const V_UNROLL: u32 = 8;
+
+/// Groups of 4 codes in a block of 32 codes of a rotated K row (`$k` lines).
+const CODE_GROUPS: u32 = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::{KernelConfig, k_unroll};
+    use crate::KvCodecs;
+
+    fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
+        let c = KvCodecs::parse(codecs).unwrap();
+        KernelConfig {
+            head_dim,
+            gqa: 4,
+            kv_heads: 2,
+            batch: 1,
+            capacity: 256,
+            window: None,
+            layers: 1,
+            splits: 4,
+            segments: 1,
+            min_chunk: 32,
+            scale: 0.125,
+            workgroup: 128,
+            k: c.k,
+            v: c.v,
+        }
+    }
+
+    #[test]
+    fn k_unroll_divides_every_row() {
+        // The f16 K reader loads KU chunks per pass over D / 8: a KU that did not divide it
+        // would read past the row (D = 96 with KU = 8 did, caught by the GPU tests).
+        for d in (32u32..=256).step_by(32) {
+            let ku = k_unroll(d);
+            assert!(
+                ku > 0 && (d / 8).is_multiple_of(ku),
+                "head_dim {d}: KU {ku}"
+            );
+        }
+    }
+
+    #[test]
+    fn index_clamps_only_where_v_is_not_rotated_or_the_shape_is_unchecked() {
+        for (codecs, clamps) in [
+            ("none", true),
+            ("q8_sym", true),
+            ("k_turbo3", true),
+            ("k=turbo3,v=q8", true),
+            ("turbo3_sym", false),
+            ("iso4b_sym", false),
+            ("k=q8,v=rotor3", false),
+            ("k=turbo3+qjl,v=iso3", false),
+        ] {
+            assert_eq!(cfg(codecs, 128).clamps_indices(), clamps, "{codecs}");
+        }
+        // A configuration built by hand outside the validated shapes keeps the clamps.
+        assert!(cfg("turbo3_sym", 40).clamps_indices());
+        let mut odd = cfg("turbo3_sym", 128);
+        odd.workgroup = 32;
+        assert!(odd.clamps_indices());
+    }
+
+    #[test]
+    fn joint_encoding_only_for_one_rotated_codec_and_within_the_memory_bound() {
+        for (codecs, d, joint) in [
+            ("turbo3_sym", 128, true),
+            ("iso4_sym", 128, true),
+            // 129 codes: a second encoder row, and the split kernel stays under 12 KiB.
+            ("rotor3_sym", 128, true),
+            ("k_turbo3", 128, false),
+            ("k=turbo3,v=turbo4", 128, false),
+            ("k=iso3,v=rotor3", 128, false),
+            ("k=turbo3+qjl,v=turbo3", 128, false),
+        ] {
+            let c = cfg(codecs, d);
+            assert_eq!(c.kv_joint(), joint, "{codecs}");
+            assert!(c.encode_rows() >= if joint { 2 } else { 1 }, "{codecs}");
+        }
+        // Wide rows at a large workgroup: the second encoder row would pass 12 KiB, so none is
+        // added, and the kernel keeps the memory it had (within the 32 KiB kvq asks for).
+        let mut wide = cfg("turbo3_sym", 256);
+        wide.gqa = 6;
+        wide.workgroup = 256;
+        assert!(!wide.kv_joint());
+        assert_eq!(wide.encode_rows(), 1);
+        assert!(wide.split_workgroup_bytes().unwrap() <= 32 * 1024);
+    }
+
+    #[test]
+    fn level_pairs_only_for_small_k_codes_beside_an_unrotated_v_and_under_12_kib() {
+        for (codecs, pairs) in [
+            ("k_turbo2", true),
+            ("k_turbo3", true),
+            ("k_rotor3", true),
+            ("k_iso3b", true),
+            ("k_turbo3+qjl", true),
+            ("k=iso3,v=q8", true),
+            ("k_turbo4", false),
+            ("k_rotor4", false),
+            ("turbo3_sym", false),
+            ("k=turbo3,v=iso3", false),
+            ("none", false),
+            ("q8_sym", false),
+        ] {
+            let c = cfg(codecs, 128);
+            assert_eq!(c.k_pairs(), pairs, "{codecs}");
+            assert_eq!(
+                c.k_pair_entries(),
+                if pairs { 1 << (2 * c.k.bits as u32) } else { 0 }
+            );
+        }
+        // At the shape it was measured on (qwen3-8b: GQA 4, D 128, 128 invocations), the table
+        // keeps every split kernel it is added to under the 12 KiB past which they ran 29-43 %
+        // slower (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"). The QJL kernel was past it before the table.
+        for codecs in [
+            "k_turbo2",
+            "k_turbo3",
+            "k_rotor3",
+            "k_iso3",
+            "k=turbo3,v=q8",
+        ] {
+            let c = cfg(codecs, 128);
+            assert!(c.split_workgroup_bytes().unwrap() <= 12 * 1024, "{codecs}");
+        }
+    }
+}
