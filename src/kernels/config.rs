@@ -47,7 +47,11 @@ pub(crate) fn check_shape(
 }
 
 /// Everything a kernel's source depends on. [`crate::KvCache`] derives it from its spec and
-/// the device; tests and exporters may build one directly.
+/// the device's tuning ([`crate::KvCache::kernel_config`] shows the result); tests and
+/// exporters may build one directly, and [`KernelConfig::check`] refuses what the kernels
+/// are not written for. A cache's splits and workgroup size are set through its spec
+/// ([`crate::CacheSpec::with_splits`], [`crate::CacheSpec::workgroup`]); what the kernels
+/// derive from these fields (tile widths, unrolls, workgroup arrays) is internal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelConfig {
     /// Head dimension.
@@ -126,7 +130,7 @@ impl KernelConfig {
 
     /// Decode splits over all segments (the partials per query head): per segment, `splits`
     /// over the stored tokens and one for the tokens a fused step appends.
-    pub fn splits_total(&self) -> u32 {
+    pub(crate) fn splits_total(&self) -> u32 {
         (self.splits + 1) * self.segments
     }
 
@@ -265,7 +269,7 @@ impl KernelConfig {
     /// Workgroup memory the `split` kernel of the fused step uses (the larger of the two
     /// split kernels), in bytes as WebGPU counts it against `maxComputeWorkgroupStorageSize`
     /// (each variable rounded up to 16 bytes), read off the compiled module.
-    pub fn split_workgroup_bytes(&self) -> Result<u32> {
+    pub(crate) fn split_workgroup_bytes(&self) -> Result<u32> {
         Ok(self.split_memory(self.defines())?.webgpu)
     }
 
@@ -297,13 +301,13 @@ impl KernelConfig {
 
     /// V values each decode thread accumulates per row: 8 for a rotated V codec (its 8 codes
     /// come from one or two words), else 4.
-    pub fn v_width(&self) -> u32 {
+    pub(crate) fn v_width(&self) -> u32 {
         if self.v.kind.is_rotated() { 8 } else { 4 }
     }
 
     /// Value columns ([`KernelConfig::v_width`] values each) of the V accumulators: over
     /// `D`, or over a rotated V codec's `n_codes` (its output is un-rotated in the reduce).
-    pub fn v_columns(&self) -> u32 {
+    pub(crate) fn v_columns(&self) -> u32 {
         if self.v.kind.is_rotated() {
             n_codes(self.v, self.head_dim).div_ceil(self.v_width())
         } else {
@@ -376,7 +380,7 @@ impl KernelConfig {
     }
 
     /// Floats of one partial output vector (per split and query head).
-    pub fn partial_width(&self) -> u32 {
+    pub(crate) fn partial_width(&self) -> u32 {
         self.v_columns() * self.v_width()
     }
 
@@ -463,7 +467,7 @@ impl KernelConfig {
     /// matrices and an iso's quaternions, whose left-multiplication matrices the reference
     /// uses, one coefficient of every group before the next), as stored after the lengths and
     /// overflow flags in the lengths buffer.
-    pub fn constants(&self, seed: u64) -> Vec<f32> {
+    pub(crate) fn constants(&self, seed: u64) -> Vec<f32> {
         let d = self.head_dim as usize;
         let off = self.constant_offsets();
         let mut out = vec![0.0f32; off.len as usize];
