@@ -5,7 +5,9 @@
 //
 // The harness knows nothing about kvq: every plan lists its buffers (with initial bytes), WGSL
 // modules, bind group layouts, pipelines, bind groups, compute passes and dispatches, and the
-// buffers to read back with the values kvq's CPU reference expects. New codecs and kernels
+// buffers to read back with the values kvq's CPU reference expects. Each dispatch's grid comes
+// from its entry point's rule in the manifest, as another host would compute it; a recorded
+// grid that differs fails the scenario. New codecs and kernels
 // arrive as new plans. A scenario fails on any Tint error or warning (printed with
 // module:line:column), any WebGPU validation error, or any check outside its tolerance; the
 // exit status is non-zero when any scenario failed.
@@ -96,7 +98,30 @@ function compare(check, got) {
   return { ok: false, err: NaN, note: `unknown check kind ${check.kind}` };
 }
 
-async function runPlan(adapter, plan) {
+// One grid term of the manifest (an entry point's `grid`), over the plan's grid_shape and a
+// dispatch's wide_groups.
+function termValue(term, shape, wide) {
+  switch (term) {
+    case '1': return 1;
+    case 'batch': return shape.batch;
+    case 'q_heads': return shape.q_heads;
+    case 'kv_heads * batch': return shape.kv_heads * shape.batch;
+    case 'splits + 1': return shape.splits + 1;
+    case 'wide_groups': return wide;
+    default: throw new Error(`a grid term this harness does not know: ${term}`);
+  }
+}
+
+// module name -> entry point -> grid terms, from the manifest's entry for this plan.
+function gridRules(scenario) {
+  const rules = {};
+  for (const k of scenario.kernels) {
+    rules[k.module] = Object.fromEntries(k.entry_points.map((e) => [e.name, e.grid]));
+  }
+  return rules;
+}
+
+async function runPlan(adapter, plan, rules) {
   const problems = [];
   const requiredLimits = {};
   for (const [name, need] of Object.entries(plan.limits)) {
@@ -163,10 +188,19 @@ async function runPlan(adapter, plan) {
   for (const p of plan.passes) {
     const pass = enc.beginComputePass({ label: p.label });
     for (const d of p.dispatches) {
+      // Dispatched by the manifest's rule, as another host would; kvq's recorded grid must
+      // be the same.
+      const pl = plan.pipelines[d.pipeline];
+      const terms = rules[plan.modules[pl.module].name]?.[pl.entry_point];
+      if (!terms) throw new Error(`no grid rule for ${plan.modules[pl.module].name}/${pl.entry_point}`);
+      const grid = terms.map((t) => termValue(t, plan.grid_shape, d.wide_groups));
+      if (grid.join() !== d.workgroups.join()) {
+        problems.push(`${pl.entry_point}: the manifest's rule gives [${grid}], kvq recorded [${d.workgroups}]`);
+      }
       pass.setPipeline(pipelines[d.pipeline]);
       pass.setBindGroup(0, groups[d.bind_groups[0]]);
       pass.setBindGroup(1, groups[d.bind_groups[1]]);
-      pass.dispatchWorkgroups(...d.workgroups);
+      pass.dispatchWorkgroups(...grid);
       dispatches++;
     }
     pass.end();
@@ -216,7 +250,7 @@ async function main() {
       // A WebGPU adapter creates one device; each plan gets a fresh device.
       const a = await getAdapter(gpu);
       if (!a) throw new Error('the adapter went away');
-      r = await runPlan(a, plan);
+      r = await runPlan(a, plan, gridRules(s));
     } catch (e) {
       r = { problems: [`exception: ${e.stack || e}`], infos: 0, dispatches: 0, results: [] };
     }
