@@ -166,14 +166,26 @@ impl Defines {
 /// The module rooted at `root` (a path under `wgsl/`): the defines' `const` block, then the
 /// expanded text.
 pub(crate) fn assemble(root: &str, defines: &Defines) -> Result<String> {
+    assemble_from(FILES, root, defines)
+}
+
+/// [`assemble`] over another set of files (the tests').
+fn assemble_from(files: &[(&str, &str)], root: &str, defines: &Defines) -> Result<String> {
     let mut out = defines.wgsl_consts();
-    let mut scope = Vec::new();
-    expand_file(root, defines, &mut scope, 0, &mut out)?;
+    let mut cx = Context {
+        files,
+        defines,
+        scope: Vec::new(),
+    };
+    cx.expand_file(root, 0, &mut out)?;
     Ok(out)
 }
 
-fn file_text(path: &str) -> Option<&'static str> {
-    FILES.iter().find(|(p, _)| *p == path).map(|(_, t)| *t)
+/// What an expansion reads: the files, the defines, and the include parameters in scope.
+struct Context<'a> {
+    files: &'a [(&'a str, &'a str)],
+    defines: &'a Defines,
+    scope: Vec<(String, String)>,
 }
 
 fn error(path: &str, line: usize, what: impl std::fmt::Display) -> KvqError {
@@ -187,88 +199,99 @@ struct Cond {
     taken: bool,
     on: bool,
     line: usize,
+    /// Whether `#else` came already (no `#elif` or `#else` may follow it).
+    after_else: bool,
 }
 
-fn expand_file(
-    path: &str,
-    defines: &Defines,
-    scope: &mut Vec<(String, String)>,
-    depth: usize,
-    out: &mut String,
-) -> Result<()> {
-    let text = file_text(path).ok_or_else(|| error(path, 0, "no such kvq WGSL file"))?;
-    if depth > MAX_DEPTH {
-        return Err(error(path, 0, "includes nest too deep (a cycle?)"));
-    }
-    let mut conds: Vec<Cond> = Vec::new();
-    let mut unrolls: Vec<(String, u32)> = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let n = i + 1;
-        let line = substitute(raw, scope).map_err(|e| error(path, n, e))?;
-        let active = conds.last().is_none_or(|c| c.on);
-        let Some(directive) = line.trim_start().strip_prefix('#') else {
-            if active {
-                emit(&line, &unrolls, out);
-            }
-            continue;
-        };
-        let (word, rest) = directive
-            .split_once(char::is_whitespace)
-            .unwrap_or((directive, ""));
-        let rest = rest.trim();
-        let eval = |e: &str| evaluate(e, defines).map_err(|m| error(path, n, m));
-        match word {
-            "if" => {
-                let on = active && eval(rest)?;
-                conds.push(Cond {
-                    outer: active,
-                    taken: on,
-                    on,
-                    line: n,
-                });
-            }
-            "elif" | "else" => {
-                let c = conds
-                    .last_mut()
-                    .ok_or_else(|| error(path, n, format!("#{word} without #if")))?;
-                let on = c.outer && !c.taken && (word == "else" || eval(rest)?);
-                c.taken |= on;
-                c.on = on;
-            }
-            "endif" => {
-                conds
-                    .pop()
-                    .ok_or_else(|| error(path, n, "#endif without #if"))?;
-            }
-            "include" if active => {
-                let (file, params) = parse_include(rest).map_err(|e| error(path, n, e))?;
-                let outer = scope.len();
-                scope.extend(params);
-                expand_file(&file, defines, scope, depth + 1, out)?;
-                scope.truncate(outer);
-            }
-            "unroll" if active => {
-                let mut it = rest.split_whitespace();
-                let (Some(token), Some(count), None) = (it.next(), it.next(), it.next()) else {
-                    return Err(error(path, n, "expected `#unroll $token COUNT`"));
-                };
-                if !token.starts_with('$') {
-                    return Err(error(path, n, "an unroll token starts with `$`"));
-                }
-                let count = match defines.get(count) {
-                    Some(Value::U32(c)) => *c,
-                    _ => return Err(error(path, n, format!("`{count}` is no u32 define"))),
-                };
-                unrolls.push((token.to_string(), count));
-            }
-            "include" | "unroll" => {}
-            _ => return Err(error(path, n, format!("unknown directive `#{word}`"))),
+impl Context<'_> {
+    fn expand_file(&mut self, path: &str, depth: usize, out: &mut String) -> Result<()> {
+        let defines = self.defines;
+        let text = self
+            .files
+            .iter()
+            .find(|(p, _)| *p == path)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| error(path, 0, "no such kvq WGSL file"))?;
+        if depth > MAX_DEPTH {
+            return Err(error(path, 0, "includes nest too deep (a cycle?)"));
         }
+        let mut conds: Vec<Cond> = Vec::new();
+        let mut unrolls: Vec<(String, u32)> = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let n = i + 1;
+            let active = conds.last().is_none_or(|c| c.on);
+            let is_directive = raw.trim_start().starts_with('#');
+            if !active && !is_directive {
+                continue;
+            }
+            let line = substitute(raw, &self.scope).map_err(|e| error(path, n, e))?;
+            let Some(directive) = line.trim_start().strip_prefix('#') else {
+                emit(&line, &unrolls, out);
+                continue;
+            };
+            let (word, rest) = directive
+                .split_once(char::is_whitespace)
+                .unwrap_or((directive, ""));
+            let rest = rest.trim();
+            let eval = |e: &str| evaluate(e, defines).map_err(|m| error(path, n, m));
+            match word {
+                "if" => {
+                    let on = active && eval(rest)?;
+                    conds.push(Cond {
+                        outer: active,
+                        taken: on,
+                        on,
+                        line: n,
+                        after_else: false,
+                    });
+                }
+                "elif" | "else" => {
+                    let c = conds
+                        .last_mut()
+                        .ok_or_else(|| error(path, n, format!("#{word} without #if")))?;
+                    if c.after_else {
+                        return Err(error(path, n, format!("#{word} after #else")));
+                    }
+                    c.after_else = word == "else";
+                    let on = c.outer && !c.taken && (word == "else" || eval(rest)?);
+                    c.taken |= on;
+                    c.on = on;
+                }
+                "endif" => {
+                    conds
+                        .pop()
+                        .ok_or_else(|| error(path, n, "#endif without #if"))?;
+                }
+                "include" if active => {
+                    let (file, params) = parse_include(rest).map_err(|e| error(path, n, e))?;
+                    let outer = self.scope.len();
+                    self.scope.extend(params);
+                    self.expand_file(&file, depth + 1, out)?;
+                    self.scope.truncate(outer);
+                }
+                "unroll" if active => {
+                    let mut it = rest.split_whitespace();
+                    let (Some(token), Some(count), None) = (it.next(), it.next(), it.next()) else {
+                        return Err(error(path, n, "expected `#unroll $token COUNT`"));
+                    };
+                    if !token.starts_with('$') {
+                        return Err(error(path, n, "an unroll token starts with `$`"));
+                    }
+                    let count = match defines.get(count) {
+                        Some(Value::U32(c)) => *c,
+                        _ => return Err(error(path, n, format!("`{count}` is no u32 define"))),
+                    };
+                    unrolls.push((token.to_string(), count));
+                }
+                "include" | "unroll" => {}
+                _ => return Err(error(path, n, format!("unknown directive `#{word}`"))),
+            }
+        }
+        if let Some(c) = conds.last() {
+            return Err(error(path, c.line, "#if without #endif"));
+        }
+        Ok(())
     }
-    if let Some(c) = conds.last() {
-        return Err(error(path, c.line, "#if without #endif"));
-    }
-    Ok(())
 }
 
 /// Writes `line`, repeated by each unroll whose token it holds.
@@ -496,7 +519,7 @@ pub(crate) fn listed_files() -> Vec<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Defines, Value, evaluate, listed_files};
+    use super::{Defines, Value, assemble_from, evaluate, listed_files};
 
     fn defines() -> Defines {
         let mut d = Defines::default();
@@ -531,6 +554,69 @@ mod tests {
             "G + 1",
         ] {
             assert!(evaluate(bad, &d).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn includes_conditions_and_unrolls_expand_in_order() {
+        let files = [
+            (
+                "root.wgsl",
+                "#include \"side.wgsl\" side=k\n#if G > 2\nwide\n#elif ENCODE\nnot this\n#else\nnor this\n#endif\n",
+            ),
+            (
+                "side.wgsl",
+                "#unroll $g G\n#unroll $x TWO\nfn {{side}}_f() {}\nlet a$g$x = $g;\n#if !ENCODE\n{{nope}} skipped\n#endif\n",
+            ),
+        ];
+        let mut d = defines();
+        d.constant("TWO", Value::U32(2));
+        let out = assemble_from(&files, "root.wgsl", &d).unwrap();
+        let body: Vec<&str> = out
+            .lines()
+            .filter(|l| !l.starts_with("const "))
+            .skip(1)
+            .collect();
+        let mut want = vec!["fn k_f() {}".to_string()];
+        for g in 0..4 {
+            for x in 0..2 {
+                want.push(format!("let a{g}{x} = {g};"));
+            }
+        }
+        want.push("wide".into());
+        assert_eq!(body, want);
+        assert!(out.contains("const G: u32 = 4u;\n") && !out.contains("ENCODE"));
+    }
+
+    #[test]
+    fn malformed_directives_are_errors_that_name_the_line() {
+        let d = defines();
+        for (text, what) in [
+            ("#if ENCODE\n", "root.wgsl:1: #if without #endif"),
+            ("#endif\n", "root.wgsl:1: #endif without #if"),
+            (
+                "#if ENCODE\n#else\n#else\n#endif\n",
+                "root.wgsl:3: #else after #else",
+            ),
+            (
+                "#if ENCODE\n#else\n#elif G\n#endif\n",
+                "root.wgsl:3: #elif after #else",
+            ),
+            ("#include \"missing.wgsl\"\n", "missing.wgsl:0: no such"),
+            ("#include \"root.wgsl\"\n", "too deep"),
+            ("#unroll $g NOPE\n", "root.wgsl:1: `NOPE` is no u32 define"),
+            ("#define X 1\n", "root.wgsl:1: unknown directive `#define`"),
+            ("{{side}}\n", "root.wgsl:1: no include parameter `side`"),
+            (
+                "#if K_KND == 2\n#endif\n",
+                "root.wgsl:1: `K_KND` is not defined",
+            ),
+        ] {
+            let files = [("root.wgsl", text)];
+            let e = assemble_from(&files, "root.wgsl", &d)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(what), "{text:?}: {e}");
         }
     }
 
