@@ -21,6 +21,9 @@ pub enum GridTerm {
     /// `coop_rows` the append params' second and third words (the second term only for a
     /// rotated codec).
     WideGroups,
+    /// Queries per sequence of the call: 1 for a decode step or attend, `n` for a chunk of
+    /// `n` new tokens ([`crate::KvCache::chunk`]).
+    Queries,
 }
 
 impl GridTerm {
@@ -33,6 +36,7 @@ impl GridTerm {
             GridTerm::KvHeadsBatch => "kv_heads * batch",
             GridTerm::SplitsPlusOne => "splits + 1",
             GridTerm::WideGroups => "wide_groups",
+            GridTerm::Queries => "queries",
         }
     }
 
@@ -45,6 +49,7 @@ impl GridTerm {
             GridTerm::KvHeadsBatch => s.kv_heads * s.batch,
             GridTerm::SplitsPlusOne => s.splits + 1,
             GridTerm::WideGroups => s.wide_groups,
+            GridTerm::Queries => s.queries,
         }
     }
 }
@@ -62,6 +67,8 @@ pub struct GridShape {
     pub splits: u32,
     /// [`GridTerm::WideGroups`] of the call (0 outside an `append_wide`).
     pub wide_groups: u32,
+    /// [`GridTerm::Queries`] of the call (1 outside a chunk).
+    pub queries: u32,
 }
 
 /// How one entry point is dispatched: its grid and when.
@@ -109,22 +116,22 @@ pub const APPEND_COMMIT: Dispatch = Dispatch {
     when: "once after every segment's append_wide (same group-0 bind group as the last one)",
 };
 
-/// Decode attention (and the fused step's append): one workgroup per KV head of each sequence
-/// and split; the last split of each row attends the step's new tokens.
+/// Decode attention (and the fused step's append): one workgroup per KV head of each sequence,
+/// split and query; split 0 of each row attends the step's new tokens.
 pub const SPLIT: Dispatch = Dispatch {
     entry: "split",
     grid: [
         GridTerm::KvHeadsBatch,
         GridTerm::SplitsPlusOne,
-        GridTerm::One,
+        GridTerm::Queries,
     ],
     when: "once per storage segment of the layer",
 };
 
-/// Merges the splits' partials: one workgroup per query head of each sequence.
+/// Merges the splits' partials: one workgroup per query head of each sequence and query.
 pub const REDUCE: Dispatch = Dispatch {
     entry: "reduce",
-    grid: [GridTerm::QHeads, GridTerm::Batch, GridTerm::One],
+    grid: [GridTerm::QHeads, GridTerm::Batch, GridTerm::Queries],
     when: "once after every segment's split (same group-0 bind group as the last one)",
 };
 
@@ -138,16 +145,17 @@ mod tests {
 
     #[test]
     fn rules_read_as_their_terms() {
-        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, 1)");
+        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, queries)");
         let s = GridShape {
             batch: 3,
             q_heads: 16,
             kv_heads: 4,
             splits: 7,
             wide_groups: 9,
+            queries: 5,
         };
-        assert_eq!(SPLIT.workgroups(&s), [12, 8, 1]);
-        assert_eq!(REDUCE.workgroups(&s), [16, 3, 1]);
+        assert_eq!(SPLIT.workgroups(&s), [12, 8, 5]);
+        assert_eq!(REDUCE.workgroups(&s), [16, 3, 5]);
         assert_eq!(APPEND_WIDE.workgroups(&s), [9, 3, 1]);
     }
 }

@@ -52,6 +52,42 @@ pub fn attention_with_scores(
     out
 }
 
+/// Exact causal attention of a chunk of `n` new tokens, the last `n` of `len` positions:
+/// new token `i` (position `len - n + i`) attends the positions up to its own, the last
+/// `window` of them where one is set.
+///
+/// `q`: `[n, q_heads, d]`; `k`, `v`: `[len, kv_heads, d]`; returns `[n, q_heads, d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+    scale: f64,
+    window: Option<usize>,
+) -> Vec<f64> {
+    let n = q.len() / (q_heads * d);
+    let len = k.len() / (kv_heads * d);
+    let row = kv_heads * d;
+    (0..n)
+        .flat_map(|i| {
+            let end = len - n + i + 1;
+            let start = window.map_or(0, |w| end.saturating_sub(w));
+            attention(
+                &q[i * q_heads * d..(i + 1) * q_heads * d],
+                &k[start * row..end * row],
+                &v[start * row..end * row],
+                q_heads,
+                kv_heads,
+                d,
+                scale,
+            )
+        })
+        .collect()
+}
+
 /// Rounds values to f16 and back, as the `none` codec stores them.
 pub fn round_f16(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect()

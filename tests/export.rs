@@ -399,8 +399,14 @@ fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
 }
 
 /// The grid a manifest's `grid` terms give for a plan's `grid_shape` and one dispatch's
-/// `wide_groups`: the manifest read as a host would read it, not kvq's own rule code.
-fn grid_from_manifest(terms: &serde_json::Value, shape: &serde_json::Value, wide: u64) -> Vec<u64> {
+/// `wide_groups` and `queries`: the manifest read as a host would read it, not kvq's own
+/// rule code.
+fn grid_from_manifest(
+    terms: &serde_json::Value,
+    shape: &serde_json::Value,
+    d: &serde_json::Value,
+) -> Vec<u64> {
+    let per_dispatch = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("dispatch.{k}"));
     let v = |k: &str| {
         shape[k]
             .as_u64()
@@ -416,7 +422,8 @@ fn grid_from_manifest(terms: &serde_json::Value, shape: &serde_json::Value, wide
             "q_heads" => v("q_heads"),
             "kv_heads * batch" => v("kv_heads") * v("batch"),
             "splits + 1" => v("splits") + 1,
-            "wide_groups" => wide,
+            "wide_groups" => per_dispatch("wide_groups"),
+            "queries" => per_dispatch("queries"),
             other => panic!("a grid term no host knows: {other}"),
         })
         .collect()
@@ -447,7 +454,7 @@ fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
                 let rule = rules
                     .get(entry)
                     .unwrap_or_else(|| panic!("{}: {entry} not in the manifest", sc.name));
-                let want = grid_from_manifest(rule, shape, d["wide_groups"].as_u64().unwrap());
+                let want = grid_from_manifest(rule, shape, d);
                 let got: Vec<u64> = d["workgroups"]
                     .as_array()
                     .unwrap()

@@ -99,15 +99,16 @@ function compare(check, got) {
 }
 
 // One grid term of the manifest (an entry point's `grid`), over the plan's grid_shape and a
-// dispatch's wide_groups.
-function termValue(term, shape, wide) {
+// dispatch's wide_groups and queries.
+function termValue(term, shape, d) {
   switch (term) {
     case '1': return 1;
     case 'batch': return shape.batch;
     case 'q_heads': return shape.q_heads;
     case 'kv_heads * batch': return shape.kv_heads * shape.batch;
     case 'splits + 1': return shape.splits + 1;
-    case 'wide_groups': return wide;
+    case 'wide_groups': return d.wide_groups;
+    case 'queries': return d.queries;
     default: throw new Error(`a grid term this harness does not know: ${term}`);
   }
 }
@@ -193,7 +194,7 @@ async function runPlan(adapter, plan, rules) {
       const pl = plan.pipelines[d.pipeline];
       const terms = rules[plan.modules[pl.module].name]?.[pl.entry_point];
       if (!terms) throw new Error(`no grid rule for ${plan.modules[pl.module].name}/${pl.entry_point}`);
-      const grid = terms.map((t) => termValue(t, plan.grid_shape, d.wide_groups));
+      const grid = terms.map((t) => termValue(t, plan.grid_shape, d));
       if (grid.join() !== d.workgroups.join()) {
         problems.push(`${pl.entry_point}: the manifest's rule gives [${grid}], kvq recorded [${d.workgroups}]`);
       }

@@ -117,6 +117,62 @@ impl KvCache {
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
+    /// Host convenience: appends `k` and `v` (`[batch, n, kv_heads, head_dim]` f32) to
+    /// `layer` and returns the causal attention of their queries `q` (`[batch, n, q_heads,
+    /// head_dim]` f32) over the cache, same shape as `q`, waiting for the GPU: a chunk (see
+    /// [`KvCache::chunk_in_pass`]).
+    pub fn chunk_host(&mut self, layer: u32, k: &[f32], v: &[f32], q: &[f32]) -> Result<Vec<f32>> {
+        self.check_layer(layer)?;
+        let s = &self.spec;
+        let per_tok = (s.batch * s.kv_heads * s.head_dim) as usize;
+        if k.is_empty() || !k.len().is_multiple_of(per_tok) || v.len() != k.len() {
+            return Err(KvqError::WrongLength {
+                what: format!(
+                    "k and v (a whole number of tokens of batch*kv_heads*head_dim = {per_tok})"
+                ),
+                expected: per_tok * (k.len() / per_tok).max(1),
+                got: if v.len() != k.len() { v.len() } else { k.len() },
+            });
+        }
+        let n = (k.len() / per_tok) as u32;
+        let want = (s.batch * n * s.q_heads * s.head_dim) as usize;
+        if q.len() != want {
+            return Err(KvqError::WrongLength {
+                what: "q ([batch, n, q_heads, head_dim])".into(),
+                expected: want,
+                got: q.len(),
+            });
+        }
+        let buf = |label, bytes: usize, usage| {
+            self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes as u64,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let input = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let (kb, vb) = (
+            buf("kvq host k", k.len() * 4, input)?,
+            buf("kvq host v", v.len() * 4, input)?,
+        );
+        let qb = buf("kvq host q", want * 4, input)?;
+        let ob = buf(
+            "kvq host out",
+            want * 4,
+            input | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        let io = self.chunk_io(&kb, &vb, n, InputType::F32, &qb, &ob)?;
+        self.ctx.upload(&kb, 0, bytemuck::cast_slice(k));
+        self.ctx.upload(&vb, 0, bytemuck::cast_slice(v));
+        self.ctx.upload(&qb, 0, bytemuck::cast_slice(q));
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.chunk(&mut enc, layer, &io)?;
+        self.ctx.submit_and_wait(enc.finish())?;
+        let bytes = self.ctx.read_back(&ob, 0, (want * 4) as u64)?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
     /// Cuts sequence `seq` back to its first `len` tokens in every layer (speculative decoding
     /// rejecting drafted tokens, say) and clears its overflow flags. Nothing is reallocated; the
     /// rows past `len` are overwritten by later appends.

@@ -43,6 +43,24 @@ impl StepIo {
     }
 }
 
+/// Caller buffers prepared for [`KvCache::chunk`](crate::KvCache::chunk): `n` new tokens per
+/// sequence (K and V as for [`KvCache::append_input`](crate::KvCache::append_input)), their
+/// queries `[batch, n, q_heads, head_dim]` f32 and the outputs of the same shape, with the
+/// chunk's own decode scratch (`n` times the cache's).
+pub struct ChunkIo {
+    pub(super) append: AppendInput,
+    pub(super) io: Bound,
+    /// Per layer, per storage segment: the decode store bind group over this chunk's scratch.
+    pub(super) store: Vec<Vec<Bound>>,
+}
+
+impl ChunkIo {
+    /// Tokens per sequence each chunk with these buffers appends and attends.
+    pub fn tokens(&self) -> u32 {
+        self.append.n
+    }
+}
+
 /// The host API's staging for [`KvCache::append_host`](crate::KvCache::append_host), kept for
 /// the next call of as many tokens.
 pub(super) struct HostIo {

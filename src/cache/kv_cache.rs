@@ -39,6 +39,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// Bytes of the decode scratch for one query per sequence (a chunk of `n` takes `n`
+    /// times as many).
+    pub(super) fn partials_bytes(&self) -> u64 {
+        plan::partial_floats(&self.spec, &self.cfg) * 4
+    }
+
     /// Allocates the store and builds the kernels for `spec` on `ctx`'s device.
     pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
         let device = &ctx.device;

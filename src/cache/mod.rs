@@ -15,7 +15,7 @@ mod prepare;
 mod record;
 
 pub(crate) use bind::Bound;
-pub use io::{AppendInput, AttendIo, StepIo};
+pub use io::{AppendInput, AttendIo, ChunkIo, StepIo};
 pub use kv_cache::KvCache;
 pub use plan::Layout;
 pub(crate) use record::Recorder;

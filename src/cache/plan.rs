@@ -97,10 +97,7 @@ pub(super) fn plan(
     // binding each, so a shape that needs more than the adapter binds is refused here.
     let lengths = (spec.layers * spec.batch) as usize;
     let constants = cfg.constants(spec.seed);
-    let partial_floats = spec.batch as u64
-        * spec.q_heads as u64
-        * cfg.splits_total() as u64
-        * (cfg.partial_width() as u64 + 4);
+    let partial_floats = partial_floats(spec, &cfg);
     for (what, bytes) in [
         (
             "decode scratch (batch x q_heads x splits partials)",
@@ -126,6 +123,15 @@ pub(super) fn plan(
         partial_floats,
         lengths,
     })
+}
+
+/// Floats of the decode scratch for one query per sequence: every split's partial (output
+/// vector, then max and sum) per query head.
+pub(super) fn partial_floats(spec: &CacheSpec, cfg: &KernelConfig) -> u64 {
+    spec.batch as u64
+        * spec.q_heads as u64
+        * cfg.splits_total() as u64
+        * (cfg.partial_width() as u64 + 4)
 }
 
 /// The storage segments and splits of `spec` with bindings of at most `max_binding` bytes.

@@ -3,7 +3,7 @@
 
 use super::bind::{Bound, bind_buffers};
 use super::buffers::init_buffer;
-use super::io::{AppendInput, AttendIo, StepIo};
+use super::io::{AppendInput, AttendIo, ChunkIo, StepIo};
 use super::kv_cache::KvCache;
 use crate::error::{KvqError, Result};
 use crate::kernels::InputType;
@@ -103,6 +103,73 @@ impl KvCache {
             n,
             input,
         })
+    }
+
+    /// Prepares the buffers of a chunk of `n` new tokens per sequence attended causally
+    /// ([`KvCache::chunk`]): `k`, `v` as for [`KvCache::append_input`]; `q` and `out` are
+    /// `[batch, n, q_heads, head_dim]` f32, new token `i`'s queries at row `i`. All need STORAGE
+    /// usage. The chunk gets its own decode scratch, `n` times the cache's: a chunk whose
+    /// scratch passes the adapter's binding limit is refused, typed, and so is a chunk longer
+    /// than a sliding window's slack (`capacity - window + 1` tokens: the ring would overwrite
+    /// positions the chunk's first queries attend).
+    pub fn chunk_io(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<ChunkIo> {
+        let s = &self.spec;
+        self.check_kv_inputs(k, v, n, input)?;
+        let need = s.batch as u64 * n as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
+        self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)?;
+        if let Some(w) = s.window
+            && n > s.capacity - w + 1
+        {
+            return Err(KvqError::InvalidSpec(format!(
+                "a chunk of {n} tokens over a sliding window of {w} in a ring of {} slots: \
+                 its first tokens would attend positions the chunk overwrites; at most {} \
+                 tokens per chunk (capacity - window + 1)",
+                s.capacity,
+                s.capacity - w + 1
+            )));
+        }
+        let scratch = self.partials_bytes() * n as u64;
+        let limit = self.ctx.device.limits().max_storage_buffer_binding_size;
+        if scratch > limit {
+            return Err(KvqError::AdapterTooWeak {
+                adapter: self.ctx.info.name.clone(),
+                what: format!(
+                    "max_storage_buffer_binding_size (the decode scratch of a {n}-token chunk)"
+                ),
+                needed: scratch,
+                have: limit,
+            });
+        }
+        let append = self.append_input(k, v, n, input)?;
+        let partials = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
+            label: Some("kvq chunk partials"),
+            size: scratch,
+            // COPY_SRC: crate::export reads every buffer's initial bytes.
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })?;
+        let io = self.bind("kvq chunk io", &self.pipes.decode_io, &[q, out])?;
+        let mut store = Vec::with_capacity(self.layers.len());
+        for segs in &self.layers {
+            let mut groups = Vec::with_capacity(segs.len());
+            for seg in segs {
+                // The segment's decode group (params, K, V, lengths) with this scratch.
+                let mut bufs: Vec<&wgpu::Buffer> = seg.decode_bg.buffers.iter().collect();
+                bufs[4] = &partials;
+                groups.push(self.bind("kvq chunk store", &self.pipes.decode_store, &bufs)?);
+            }
+            store.push(groups);
+        }
+        Ok(ChunkIo { append, io, store })
     }
 
     fn check_buffer(

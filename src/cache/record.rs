@@ -1,8 +1,8 @@
 //! Recording appends, decode attention and fused steps, into a compute pass or any
 //! [`Recorder`].
 
-use super::bind::{Bound, Segment};
-use super::io::{AppendInput, AttendIo, StepIo};
+use super::bind::Bound;
+use super::io::{AppendInput, AttendIo, ChunkIo, StepIo};
 use super::kv_cache::KvCache;
 use crate::dispatch::{self, Dispatch, GridShape, SMALL_APPEND_MAX_TOKENS};
 use crate::error::{KvqError, Result};
@@ -111,6 +111,53 @@ impl KvCache {
         self.record_step(pass, layer, io)
     }
 
+    /// Records a chunk into its own compute pass of `encoder` (see [`KvCache::chunk_in_pass`]).
+    pub fn chunk(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        layer: u32,
+        io: &ChunkIo,
+    ) -> Result<()> {
+        self.record_chunk(&mut own_pass(encoder, "kvq chunk"), layer, io)
+    }
+
+    /// Records `io`'s `n` new tokens per sequence into `layer` and their causal attention
+    /// over the cache: new token `i` attends every stored position up to and including its
+    /// own (`len + i`, `len` the length before the chunk), within the sliding window where one
+    /// is set; the outputs go to `io`'s output buffer, `[batch, n, q_heads, head_dim]`. A
+    /// chunk that would pass the capacity is refused, typed, with nothing recorded.
+    ///
+    /// For drafts and prompts: a speculative verify of `n` drafted tokens is one chunk, then
+    /// [`KvCache::truncate`] drops the rejected ones. The attention is today's split-K decode
+    /// kernel run once per new token (the grid's third dimension), so a chunk reads the
+    /// stored K/V once per new token (BENCHMARKS.md, "What is left").
+    pub fn chunk_in_pass(
+        &mut self,
+        pass: &mut wgpu::ComputePass<'_>,
+        layer: u32,
+        io: &ChunkIo,
+    ) -> Result<()> {
+        self.record_chunk(pass, layer, io)
+    }
+
+    /// [`KvCache::chunk_in_pass`] into any [`Recorder`].
+    pub(crate) fn record_chunk(
+        &mut self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        io: &ChunkIo,
+    ) -> Result<()> {
+        self.record_append(pass, layer, &io.append)?;
+        let [split, reduce] = self.pipes.attend();
+        let shape = GridShape {
+            queries: io.append.n,
+            ..self.grid_shape()
+        };
+        let stores: Vec<&Bound> = io.store[layer as usize].iter().collect();
+        self.record_attention(pass, split, reduce, &io.io, &stores, &shape);
+        Ok(())
+    }
+
     /// [`KvCache::append_in_pass`] into any [`Recorder`].
     pub(crate) fn record_append(
         &mut self,
@@ -159,9 +206,12 @@ impl KvCache {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.attend();
-        self.record_attention(pass, layer, split, reduce, &io.bind_group, |seg| {
-            &seg.decode_bg
-        });
+        let stores: Vec<&Bound> = self.layers[layer as usize]
+            .iter()
+            .map(|s| &s.decode_bg)
+            .collect();
+        let shape = self.grid_shape();
+        self.record_attention(pass, split, reduce, &io.bind_group, &stores, &shape);
         Ok(())
     }
 
@@ -175,34 +225,36 @@ impl KvCache {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.step(io.input)?.clone();
         self.reserve(layer, io.n)?;
-        self.record_attention(pass, layer, &split, &reduce, &io.bind_group, |seg| {
-            &seg.step_bg
-        });
+        let stores: Vec<&Bound> = self.layers[layer as usize]
+            .iter()
+            .map(|s| &s.step_bg)
+            .collect();
+        let shape = self.grid_shape();
+        self.record_attention(pass, &split, &reduce, &io.bind_group, &stores, &shape);
         Ok(())
     }
 
-    /// The split dispatch of every segment of `layer`, then the reduce: shared by attend and
-    /// the fused step, which differ in pipelines and bind groups only.
+    /// The split dispatch of every storage segment (`stores`: their group-0 bind groups),
+    /// then the reduce: shared by attend, the fused step and chunks, which differ in pipelines,
+    /// bind groups and queries only.
     fn record_attention(
         &self,
         pass: &mut impl Recorder,
-        layer: u32,
         split: &wgpu::ComputePipeline,
         reduce: &wgpu::ComputePipeline,
         io: &Bound,
-        store: impl Fn(&Segment) -> &Bound,
+        stores: &[&Bound],
+        shape: &GridShape,
     ) {
-        let segs = &self.layers[layer as usize];
-        let shape = self.grid_shape();
         pass.set_bind_group(1, io);
         pass.set_pipeline(split);
-        for seg in segs {
-            pass.set_bind_group(0, store(seg));
-            pass.dispatch(&dispatch::SPLIT, &shape);
+        for store in stores {
+            pass.set_bind_group(0, store);
+            pass.dispatch(&dispatch::SPLIT, shape);
         }
         pass.set_pipeline(reduce);
-        pass.dispatch(&dispatch::REDUCE, &shape);
-        self.ctx.counters().add_dispatches(segs.len() as u64 + 1);
+        pass.dispatch(&dispatch::REDUCE, shape);
+        self.ctx.counters().add_dispatches(stores.len() as u64 + 1);
     }
 
     /// What this cache's dispatch grids are evaluated on ([`crate::dispatch`]).
@@ -213,6 +265,7 @@ impl KvCache {
             kv_heads: self.spec.kv_heads,
             splits: self.layout.splits,
             wide_groups: 0,
+            queries: 1,
         }
     }
 

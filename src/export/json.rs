@@ -187,14 +187,15 @@ impl ReplayPlan {
                 "{{\"label\":{},\"dispatches\":{}}}",
                 json_str(&p.label),
                 json_arr(&p.dispatches, |d| format!(
-                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{}}}",
+                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{},\"queries\":{}}}",
                     d.pipeline,
                     d.bind_groups[0],
                     d.bind_groups[1],
                     d.workgroups[0],
                     d.workgroups[1],
                     d.workgroups[2],
-                    d.wide_groups
+                    d.wide_groups,
+                    d.queries
                 ))
             ))
         );

@@ -51,6 +51,8 @@ pub struct PlanDispatch {
     /// [`ReplayPlan::grid_shape`], what the entry point's
     /// [`Dispatch`](crate::dispatch::Dispatch) rule gives `workgroups` from.
     pub wide_groups: u32,
+    /// [`GridShape::queries`] of the call (1 but for a chunk of several new tokens).
+    pub queries: u32,
 }
 
 /// A compute pass of a [`ReplayPlan`] (one per kvq call: an append, an attend, a step).

@@ -164,6 +164,7 @@ impl PlanRecorder {
             bind_groups,
             workgroups,
             wide_groups: 0,
+            queries: 1,
         });
         Ok(())
     }
@@ -192,6 +193,7 @@ impl Recorder for PlanRecorder {
         self.dispatch_workgroups(x, y, z);
         if let Some(d) = self.passes.last_mut().and_then(|p| p.dispatches.last_mut()) {
             d.wide_groups = shape.wide_groups;
+            d.queries = shape.queries;
         }
     }
 }

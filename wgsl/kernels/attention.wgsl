@@ -29,6 +29,8 @@
 // codec's n_codes (its output stays rotated until the reduce); J token lanes share a tile.
 // A partial holds PV4 = VC * VW / 4 vec4s per query head.
 const J: u32 = WG / VC;
+// Partials of one query per sequence; a chunk of nq queries (the grid's z) holds nq times
+// as many, the (max, sum) pairs after all the output vectors.
 const PART_ML: u32 = B * QH * SPLITS_TOTAL * PV4;
 
 // The scaled query of each head of the group (a rotated K codec reads it from rot_sh).
@@ -140,34 +142,39 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
     }
 }
 
-fn write_partial(g: u32, pi: u32, c: u32, acc: vec4<f32>, acc2: vec4<f32>, m: f32, l: f32) {
+fn write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, acc2: vec4<f32>, m: f32, l: f32) {
     part[(pi + g * SPLITS_TOTAL) * PV4 + c * (VW / 4u)] = acc;
     if VW == 8u {
         part[(pi + g * SPLITS_TOTAL) * PV4 + c * 2u + 1u] = acc2;
     }
     if c == 0u {
-        part[PART_ML + pi + g * SPLITS_TOTAL] = vec4<f32>(m, l, 0.0, 0.0);
+        part[ml + pi + g * SPLITS_TOTAL] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }
 
-// Dispatch (KVH * B, NSPLIT + 1, 1) per segment: the workgroups of split 0 (the new tokens of
+// Dispatch (KVH * B, NSPLIT + 1, nq) per segment: the workgroups of split 0 (the new tokens of
 // a fused step, which have rows to encode, and a short tail of the stored ones) come first in
-// dispatch order, so they start first.
+// dispatch order, so they start first. z: the query of a chunk of nq new tokens per sequence
+// (1 for a decode step), all already appended: query z attends the positions up to its own,
+// the last nq - 1 - z stored ones not.
 @compute @workgroup_size(WG)
-fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
+    // The query's row of the [B, nq] queries, and the tokens after it.
+    let qb = b * nwg.z + wid.z;
+    let later = nwg.z - 1u - wid.z;
     // The query, the level tables and the length are fetched together; the barrier of
     // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
     // rot_sh, once the new rows, whose encoding uses rot_sh, are written.)
     if !K_ROTATED {
         for (var i = lid; i < G * D / 4u; i += WG) {
-            let o = ((b * QH + h * G) * D) + 4u * i;
+            let o = ((qb * QH + h * G) * D) + 4u * i;
             q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
         }
     } else {
-        qv$r = query_task(b, h, lid + $ru * WG);
+        qv$r = query_task(qb, h, lid + $ru * WG);
     }
     k_load_levels(lid);
     v_load_levels(lid);
@@ -178,7 +185,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
     }
-    let len = workgroupUniformLoad(&len_sh);
+    let len = workgroupUniformLoad(&len_sh) - later;
     // The window is the last WIN positions up to and including the new tokens (all of them
     // unless the cache is a sliding window). Splits 1..=NSPLIT share its stored positions in
     // this segment; split 0 takes the tokens a fused step appends (kernels/step.wgsl; none for a
@@ -343,8 +350,8 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             acc$g += comb[($g * VC + c) * (VW / 4u)];
             if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
         }
-        let pi = (b * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
-        write_partial($gu, pi, c, acc$g, acc2$g, m$g, l$g);
+        let pi = (qb * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
+        write_partial($gu, pi, nwg.z * PART_ML, c, acc$g, acc2$g, m$g, l$g);
     }
 }
 
@@ -361,7 +368,7 @@ const RL: u32 = RED_WG / RC;
 var<workgroup> lane_ml: array<vec2<f32>, RL>;
 var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 
-// Dispatch (QH, B, 1): merges the partials of one query head into out[b, qh, :].
+// Dispatch (QH, B, nq): merges the partials of one query head into out[b, z, qh, :].
 // Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
 // issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
 // is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
@@ -369,7 +376,7 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 // the output vectors beside the (max, sum) pairs, not after them, and the old length at the
 // start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
 @compute @workgroup_size(RED_WG)
-fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.
     load_diag(lid, RED_WG, false, true);
     // A rotor or iso V: this invocation's group matrix for the un-rotation, loaded now beside
@@ -380,13 +387,16 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     }
     let qh = wid.x;
     let b = wid.y;
+    // The query's row of the [B, nq] queries (z: the query of a chunk, as in split).
+    let qb = b * nwg.z + wid.z;
+    let part_ml = nwg.z * PART_ML;
     // The committing invocation reads the length now, beside the partials.
-    let commits = qh == 0u && lid == 0u;
+    let commits = qh == 0u && lid == 0u && wid.z == 0u;
     var old_len = 0u;
     if commits {
         old_len = committed_len(b);
     }
-    let base = (b * QH + qh) * SPLITS_TOTAL;
+    let base = (qb * QH + qh) * SPLITS_TOTAL;
     let c = lid % RC;
     let r = lid / RC;
     var m = NEG;
@@ -396,7 +406,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         for (var s = r; s < SPLITS_TOTAL; s += RP * RL) {
             // Slot p: split s + p RL, or (past the last split) the last split at weight 0.
             let s$p = min(s + $p * RL, SPLITS_TOTAL - 1u);
-            let ml$p = part[PART_ML + base + s$p];
+            let ml$p = part[part_ml + base + s$p];
             let a$p = part[(base + s$p) * PV4 + c];
             // Expanded lines run one after another: take the pass max, rescale once, then add.
             var mb = m;
@@ -434,7 +444,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     }
     // An empty sequence has l = 0: its output is defined as zeros.
     let y = o * select(0.0, 1.0 / l, l > 0.0);
-    let p = (b * QH + qh) * D;
+    let p = (qb * QH + qh) * D;
     if V_ROTATED {
         // The output is still in the V codec's rotated domain: un-rotate it once, here.
         if r == 0u {

@@ -1,0 +1,251 @@
+//! Chunks: n new tokens per sequence appended and attended causally over the cache (prompts
+//! in pieces, speculative verification), on the GPU against the f64 reference over the rows
+//! the GPU stored, with poisoned outputs.
+
+mod common;
+
+use common::{Rng, ctx, reference_over_rows, rel_err, storage_buffer};
+use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError};
+
+const TOL: f64 = 1e-3;
+
+/// Records a chunk of `n` tokens into `layer` through the recording API, the output buffer
+/// filled with NaN first, and returns the output `[batch, n, q_heads, head_dim]`.
+fn chunk_poisoned(
+    cache: &mut KvCache,
+    layer: u32,
+    n: u32,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+) -> kvq::Result<Vec<f32>> {
+    let gpu = cache.context().clone();
+    let (kb, vb, qb) = (
+        storage_buffer(&gpu, k),
+        storage_buffer(&gpu, v),
+        storage_buffer(&gpu, q),
+    );
+    let ob = storage_buffer(&gpu, &vec![f32::NAN; q.len()]);
+    let io = cache.chunk_io(&kb, &vb, n, InputType::F32, &qb, &ob)?;
+    assert_eq!(io.tokens(), n);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    cache.chunk(&mut enc, layer, &io)?;
+    gpu.queue.submit([enc.finish()]);
+    Ok(common::read_f32(&gpu, &ob, q.len()))
+}
+
+/// A cache of `codecs`, a random prefix of `prefix` tokens, then chunks of each `n` of
+/// `chunks`: every new token's output against the reference over the stored rows of the
+/// positions it may attend (its own and earlier ones, within the window).
+fn check(
+    codecs: &str,
+    d: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    batch: u32,
+    capacity: u32,
+    window: Option<u32>,
+    segment: Option<u32>,
+    prefix: u32,
+    chunks: &[u32],
+) {
+    let mut spec = CacheSpec::new(1, q_heads, kv_heads, d, capacity)
+        .with_codecs(KvCodecs::parse(codecs).unwrap())
+        .with_batch(batch)
+        .with_splits(3);
+    if let Some(w) = window {
+        spec = spec.with_window(w);
+    }
+    if let Some(s) = segment {
+        spec.segment_tokens = Some(s);
+    }
+    let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
+    let mut rng = Rng::new(u64::from(d * 7919 + q_heads * 31 + prefix));
+    let per = (batch * kv_heads * d) as usize;
+    if prefix > 0 {
+        let k = rng.normals(prefix as usize * per, 1.0);
+        let v = rng.normals(prefix as usize * per, 1.0);
+        cache.append_host(0, &k, &v).expect("prefix");
+    }
+    let mut len = prefix;
+    for &n in chunks {
+        let k = rng.normals(n as usize * per, 1.0);
+        let v = rng.normals(n as usize * per, 1.0);
+        let qrow = (q_heads * d) as usize;
+        let q = rng.normals((batch * n) as usize * qrow, 2.0);
+        let out = chunk_poisoned(&mut cache, 0, n, &k, &v, &q).expect("chunk");
+        let (krows, vrows) = cache.read_rows(0).expect("rows");
+        let mut worst = 0.0f64;
+        for b in 0..batch as usize {
+            for i in 0..n as usize {
+                let pos = len as usize + i;
+                let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+                let slots: Vec<usize> = (lo..=pos).map(|p| p % capacity as usize).collect();
+                let r = (b * n as usize + i) * qrow;
+                let want = reference_over_rows(&spec, &krows, &vrows, b, &slots, &q[r..r + qrow]);
+                worst = worst.max(rel_err(&out[r..r + qrow], &want));
+            }
+        }
+        assert!(
+            worst <= TOL,
+            "{codecs} d={d} g={} b={batch} prefix {len} chunk {n}: rel err {worst:.2e}",
+            q_heads / kv_heads
+        );
+        len += n;
+        assert_eq!(cache.len(0, batch - 1).unwrap(), len);
+    }
+}
+
+#[test]
+fn chunks_of_f16_and_int_codecs_match_the_reference() {
+    // Prefixes of 0, 1 and about a split boundary (3 splits); batch 3; GQA 4 and 1; storage
+    // segments of 64 tokens, so that chunks cross segments.
+    check("none", 64, 8, 2, 3, 300, None, None, 0, &[1, 2, 3, 5, 17]);
+    check("none", 64, 8, 2, 3, 300, None, None, 1, &[8, 129]);
+    check(
+        "q4_sym",
+        128,
+        2,
+        2,
+        1,
+        400,
+        None,
+        Some(64),
+        95,
+        &[64, 3, 1, 8],
+    );
+    check("k=q8,v=q4", 256, 8, 1, 1, 200, None, None, 20, &[4, 9]);
+}
+
+#[test]
+fn chunks_of_rotated_and_qjl_codecs_match_the_reference() {
+    check("turbo3_sym", 96, 7, 1, 1, 300, None, None, 40, &[2, 17]);
+    check(
+        "k=iso3b+qjl,v=rotor4",
+        64,
+        4,
+        2,
+        2,
+        800,
+        None,
+        None,
+        3,
+        &[5, 600],
+    );
+}
+
+#[test]
+fn chunks_over_a_sliding_window_whose_ring_wraps_inside_the_chunk() {
+    // A ring of 160 slots attending the last 100: chunks of up to 61 tokens keep every
+    // position their first query attends; the prefix has wrapped the ring already.
+    check("none", 64, 4, 2, 2, 160, Some(100), None, 150, &[33, 61, 5]);
+    check(
+        "k_turbo4",
+        128,
+        4,
+        4,
+        1,
+        160,
+        Some(100),
+        Some(64),
+        170,
+        &[40],
+    );
+}
+
+#[test]
+fn a_verify_chunk_then_truncate_is_as_if_only_the_accepted_tokens_were_appended() {
+    let spec = CacheSpec::new(1, 8, 2, 64, 256)
+        .with_batch(2)
+        .with_splits(3);
+    let per = (2 * 2 * 64) as usize;
+    let qrow = 8 * 64;
+    let mut rng = Rng::new(11);
+    let prefix_k = rng.normals(50 * per, 1.0);
+    let prefix_v = rng.normals(50 * per, 1.0);
+    // Five drafted tokens per sequence ([batch, n, ...] layout), of which two are accepted.
+    let (dk, dv, dq) = (
+        rng.normals(5 * per, 1.0),
+        rng.normals(5 * per, 1.0),
+        rng.normals(2 * 5 * qrow, 2.0),
+    );
+    let take = |x: &[f32], n: usize, row: usize, keep: usize| -> Vec<f32> {
+        (0..2)
+            .flat_map(|b| x[b * n * row..(b * n + keep) * row].to_vec())
+            .collect()
+    };
+    let (nk, nv, nq) = (
+        rng.normals(3 * per, 1.0),
+        rng.normals(3 * per, 1.0),
+        rng.normals(2 * 3 * qrow, 2.0),
+    );
+
+    let mut verified = KvCache::new(ctx(), spec.clone()).unwrap();
+    verified.append_host(0, &prefix_k, &prefix_v).unwrap();
+    chunk_poisoned(&mut verified, 0, 5, &dk, &dv, &dq).unwrap();
+    for b in 0..2 {
+        verified.truncate(b, 52).unwrap();
+    }
+    let after_verify = chunk_poisoned(&mut verified, 0, 3, &nk, &nv, &nq).unwrap();
+
+    let mut plain = KvCache::new(ctx(), spec).unwrap();
+    plain.append_host(0, &prefix_k, &prefix_v).unwrap();
+    let row = per / 2;
+    chunk_poisoned(
+        &mut plain,
+        0,
+        2,
+        &take(&dk, 5, row, 2),
+        &take(&dv, 5, row, 2),
+        &take(&dq, 5, qrow, 2),
+    )
+    .unwrap();
+    let direct = chunk_poisoned(&mut plain, 0, 3, &nk, &nv, &nq).unwrap();
+    assert_eq!(after_verify, direct);
+    assert_eq!(verified.len(0, 1).unwrap(), 55);
+}
+
+#[test]
+fn bad_chunks_are_typed_errors_with_nothing_written() {
+    let spec = CacheSpec::new(1, 4, 2, 64, 40).with_batch(2);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let per = (2 * 2 * 64) as usize;
+    let mut rng = Rng::new(5);
+    cache
+        .append_host(0, &rng.normals(30 * per, 1.0), &rng.normals(30 * per, 1.0))
+        .unwrap();
+    let before = cache.read_rows(0).unwrap();
+    let (k, v, q) = (
+        rng.normals(11 * per, 1.0),
+        rng.normals(11 * per, 1.0),
+        rng.normals(2 * 11 * 4 * 64, 1.0),
+    );
+    let e = chunk_poisoned(&mut cache, 0, 11, &k, &v, &q).unwrap_err();
+    assert!(matches!(e, KvqError::CapacityExceeded { n: 11, .. }), "{e}");
+    assert_eq!(cache.len(0, 0).unwrap(), 30);
+    assert_eq!(cache.read_rows(0).unwrap(), before);
+    assert_eq!(cache.read_gpu_lengths().unwrap().0, vec![30, 30]);
+    // A query buffer for fewer tokens than the chunk's.
+    let gpu = cache.context().clone();
+    let (kb, vb) = (storage_buffer(&gpu, &k), storage_buffer(&gpu, &v));
+    let small = storage_buffer(&gpu, &q[..q.len() / 2]);
+    let e = cache
+        .chunk_io(&kb, &vb, 11, InputType::F32, &small, &small)
+        .err()
+        .unwrap();
+    assert!(matches!(e, KvqError::BadBuffer { .. }), "{e}");
+    // Over a sliding window, a chunk longer than the ring's slack.
+    let ring = CacheSpec::new(1, 4, 2, 64, 40)
+        .with_batch(2)
+        .with_window(32);
+    let ring = KvCache::new(ctx(), ring).unwrap();
+    let qb = storage_buffer(&gpu, &q);
+    let e = ring
+        .chunk_io(&kb, &vb, 10, InputType::F32, &qb, &qb)
+        .err()
+        .unwrap();
+    assert!(matches!(e, KvqError::InvalidSpec(_)), "{e}");
+    // The host API refuses a query of the wrong length.
+    let e = cache.chunk_host(0, &k[..per], &v[..per], &q).unwrap_err();
+    assert!(matches!(e, KvqError::WrongLength { .. }), "{e}");
+}
