@@ -34,31 +34,28 @@ fn chunk_poisoned(
     Ok(common::read_f32(&gpu, &ob, q.len()))
 }
 
-/// A cache of `codecs`, a random prefix of `prefix` tokens, then chunks of each `n` of
-/// `chunks`: every new token's output against the reference over the stored rows of the
-/// positions it may attend (its own and earlier ones, within the window).
-fn check(
-    codecs: &str,
-    d: u32,
-    q_heads: u32,
-    kv_heads: u32,
-    batch: u32,
-    capacity: u32,
-    window: Option<u32>,
-    segment: Option<u32>,
-    prefix: u32,
-    chunks: &[u32],
-) {
-    let mut spec = CacheSpec::new(1, q_heads, kv_heads, d, capacity)
+/// One layer of `codecs` over `q_heads` / `kv_heads` heads of `d`, `batch` sequences of
+/// `capacity` tokens, 3 splits.
+fn spec(codecs: &str, d: u32, q_heads: u32, kv_heads: u32, batch: u32, capacity: u32) -> CacheSpec {
+    CacheSpec::new(1, q_heads, kv_heads, d, capacity)
         .with_codecs(KvCodecs::parse(codecs).unwrap())
         .with_batch(batch)
-        .with_splits(3);
-    if let Some(w) = window {
-        spec = spec.with_window(w);
-    }
-    if let Some(s) = segment {
-        spec.segment_tokens = Some(s);
-    }
+        .with_splits(3)
+}
+
+/// A cache of `spec`, a random prefix of `prefix` tokens, then chunks of each `n` of
+/// `chunks`: every new token's output against the reference over the stored rows of the
+/// positions it may attend (its own and earlier ones, within the window).
+fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
+    let (d, q_heads, kv_heads, batch, capacity, window) = (
+        spec.head_dim,
+        spec.q_heads,
+        spec.kv_heads,
+        spec.batch,
+        spec.capacity,
+        spec.window,
+    );
+    let codecs = spec.codecs.name();
     let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
     let mut rng = Rng::new(u64::from(d * 7919 + q_heads * 31 + prefix));
     let per = (batch * kv_heads * d) as usize;
@@ -98,59 +95,41 @@ fn check(
 
 #[test]
 fn chunks_of_f16_and_int_codecs_match_the_reference() {
-    // Prefixes of 0, 1 and about a split boundary (3 splits); batch 3; GQA 4 and 1; storage
-    // segments of 64 tokens, so that chunks cross segments.
-    check("none", 64, 8, 2, 3, 300, None, None, 0, &[1, 2, 3, 5, 17]);
-    check("none", 64, 8, 2, 3, 300, None, None, 1, &[8, 129]);
+    // Prefixes of 0, 1 and about a split boundary (3 splits); batch 3; GQA 4, 1 and 8;
+    // storage segments of 64 tokens, so that chunks cross segments.
+    check(spec("none", 64, 8, 2, 3, 300), 0, &[1, 2, 3, 5, 17]);
+    check(spec("none", 64, 8, 2, 3, 300), 1, &[8, 129]);
     check(
-        "q4_sym",
-        128,
-        2,
-        2,
-        1,
-        400,
-        None,
-        Some(64),
+        segmented(spec("q4_sym", 128, 2, 2, 1, 400)),
         95,
         &[64, 3, 1, 8],
     );
-    check("k=q8,v=q4", 256, 8, 1, 1, 200, None, None, 20, &[4, 9]);
+    check(spec("k=q8,v=q4", 256, 8, 1, 1, 200), 20, &[4, 9]);
 }
 
 #[test]
 fn chunks_of_rotated_and_qjl_codecs_match_the_reference() {
-    check("turbo3_sym", 96, 7, 1, 1, 300, None, None, 40, &[2, 17]);
-    check(
-        "k=iso3b+qjl,v=rotor4",
-        64,
-        4,
-        2,
-        2,
-        800,
-        None,
-        None,
-        3,
-        &[5, 600],
-    );
+    check(spec("turbo3_sym", 96, 7, 1, 1, 300), 40, &[2, 17]);
+    check(spec("k=iso3b+qjl,v=rotor4", 64, 4, 2, 2, 800), 3, &[5, 600]);
 }
 
 #[test]
 fn chunks_over_a_sliding_window_whose_ring_wraps_inside_the_chunk() {
     // A ring of 160 slots attending the last 100: chunks of up to 61 tokens keep every
     // position their first query attends; the prefix has wrapped the ring already.
-    check("none", 64, 4, 2, 2, 160, Some(100), None, 150, &[33, 61, 5]);
     check(
-        "k_turbo4",
-        128,
-        4,
-        4,
-        1,
-        160,
-        Some(100),
-        Some(64),
-        170,
-        &[40],
+        spec("none", 64, 4, 2, 2, 160).with_window(100),
+        150,
+        &[33, 61, 5],
     );
+    let ring = spec("k_turbo4", 128, 4, 4, 1, 160).with_window(100);
+    check(segmented(ring), 170, &[40]);
+}
+
+/// `s` with storage segments of 64 tokens.
+fn segmented(mut s: CacheSpec) -> CacheSpec {
+    s.segment_tokens = Some(64);
+    s
 }
 
 #[test]
