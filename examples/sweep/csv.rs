@@ -7,7 +7,7 @@ use crate::plot::{Point, plot_title};
 use crate::probe::PeakBandwidth;
 use crate::report::{Derived, fmt_opt};
 
-const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch\n";
+const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries\n";
 
 /// The whole CSV text: the header, then one line per row.
 pub fn text(
@@ -20,7 +20,7 @@ pub fn text(
     let mut csv = String::from(HEADER);
     for (r, d) in rows.iter().zip(derived) {
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{}\n",
             field(&r.codec),
             model,
             r.ctx,
@@ -41,7 +41,8 @@ pub fn text(
             r.wall_ms,
             r.splits,
             wait.name(),
-            r.batch
+            r.batch,
+            r.queries
         );
     }
     csv
@@ -94,6 +95,7 @@ pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
         need("step_ms")?,
     );
     let batch = col("batch");
+    let queries = col("queries");
     let mut points = Vec::new();
     let mut title = String::new();
     for (i, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -112,7 +114,8 @@ pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
         };
         let (step_ms, ctx) = (num(step)?, num(ctx)?);
         let b = batch.map_or(Ok(1.0), num)?;
-        let tok_s = tok_s(b, step_ms);
+        let q = queries.map_or(Ok(1.0), num)?;
+        let tok_s = tok_s(b * q, step_ms);
         if !(step_ms > 0.0 && b >= 1.0 && tok_s.is_finite() && tok_s > 0.0) {
             return Err(format!("line {n}: step_ms or batch out of range"));
         }

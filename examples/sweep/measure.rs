@@ -38,18 +38,20 @@ pub struct Row {
     pub splits: u32,
     /// Sequences per step.
     pub batch: u32,
+    /// New tokens per sequence per step.
+    pub queries: u32,
 }
 
 impl Row {
     pub fn tok_s(&self) -> f64 {
-        tok_s(self.batch as f64, self.step_ms)
+        tok_s((self.batch * self.queries) as f64, self.step_ms)
     }
 }
 
-/// Attention tokens per second: one per sequence per step (for a row and for a CSV read back,
-/// so a replot shows what the sweep printed).
-pub fn tok_s(batch: f64, step_ms: f64) -> f64 {
-    batch * 1e3 / step_ms
+/// Attention tokens per second: `tokens` per step (a step's new tokens over all sequences;
+/// for a row and for a CSV read back, so a replot shows what the sweep printed).
+pub fn tok_s(tokens: f64, step_ms: f64) -> f64 {
+    tokens * 1e3 / step_ms
 }
 
 /// Why a point has no row.
@@ -78,10 +80,10 @@ impl From<wgpu::PollError> for Skip {
     }
 }
 
-/// Tokens a point's cache holds: the context, then one per warm-up and timed step, and one
-/// spare. The memory budget is checked against the same number the cache is built with.
-pub fn capacity(context: u32, warmup: usize, steps: usize) -> u32 {
-    context + (warmup + steps) as u32 + 1
+/// Tokens a point's cache holds: the context, then `queries` per warm-up and timed step, and
+/// one spare. The memory budget is checked against the same number the cache is built with.
+pub fn capacity(context: u32, warmup: usize, steps: usize, queries: u32) -> u32 {
+    context + (warmup + steps) as u32 * queries + 1
 }
 
 /// Deterministic, approximately normal values: every run of a point reads the same K/V.
@@ -142,6 +144,8 @@ struct StepInputs {
     step_io: Vec<kvq::StepIo>,
     /// Per layer: the separate append's (for --unfused).
     step_in: Vec<kvq::AppendInput>,
+    /// Per layer: a chunk's (for --queries above 1).
+    chunk_io: Vec<kvq::ChunkIo>,
     // The buffers bound above, kept as long as their bindings.
     _kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     _q: wgpu::Buffer,
@@ -166,7 +170,7 @@ impl PointRun<'_> {
             m.q_heads,
             m.kv_heads,
             m.head_dim,
-            capacity(self.context, args.warmup, self.steps),
+            capacity(self.context, args.warmup, self.steps, args.queries),
         )
         .with_codecs(self.codecs)
         .with_batch(args.batch);
@@ -205,6 +209,7 @@ impl PointRun<'_> {
             mem: cache.memory(),
             splits: l.splits,
             batch: args.batch,
+            queries: args.queries,
         })
     }
 
@@ -286,11 +291,33 @@ impl PointRun<'_> {
             .iter()
             .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
             .collect::<Result<_, _>>()?;
+        // A chunk's new tokens, queries and outputs: `queries` rows of each per sequence.
+        let n = self.args.queries;
+        let mut keep = Vec::new();
+        let mut chunk_io = Vec::new();
+        if n > 1 {
+            let chunk_q: Vec<f32> = (0..qn * n as usize).map(|_| rng.next()).collect();
+            let cq = storage(ctx, "chunk q", &chunk_q);
+            let co = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("chunk out"),
+                size: (qn * n as usize * 4) as u64,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            for _ in 0..m.layers {
+                let (k, v) = rng.kv(ctx, self.per_token() * n as usize);
+                chunk_io.push(cache.chunk_io(&k, &v, n, InputType::F16, &cq, &co)?);
+                keep.push((k, v));
+            }
+            keep.push((cq, co));
+        }
+        keep.extend(step_kv);
         Ok(StepInputs {
             io,
             step_io,
             step_in,
-            _kv: step_kv,
+            chunk_io,
+            _kv: keep,
             _q: qb,
             _out: ob,
         })
@@ -356,7 +383,9 @@ impl PointRun<'_> {
                 });
                 for layer in 0..self.model.layers {
                     let l = layer as usize;
-                    if args.unfused {
+                    if args.queries > 1 {
+                        cache.chunk_in_pass(&mut pass, layer, &inputs.chunk_io[l])?;
+                    } else if args.unfused {
                         cache.append_in_pass(&mut pass, layer, &inputs.step_in[l])?;
                         cache.attend_in_pass(&mut pass, layer, &inputs.io)?;
                     } else {

@@ -74,7 +74,7 @@ impl Plan {
     fn announce(&self, ctx: &GpuContext, args: &Args, small: bool) {
         let m = self.model;
         eprintln!(
-            "kvq sweep on '{}' ({:?}, {:?}){}: model {} ({} layers, {}/{} heads, D {}), batch {}, ctx {:?}, {} steps",
+            "kvq sweep on '{}' ({:?}, {:?}){}: model {} ({} layers, {}/{} heads, D {}), batch {}{}, ctx {:?}, {} steps",
             ctx.info.name,
             ctx.info.backend,
             ctx.info.device_type,
@@ -89,6 +89,11 @@ impl Plan {
             m.kv_heads,
             m.head_dim,
             args.batch,
+            if args.queries > 1 {
+                format!(", {} new tokens per sequence a step (chunks)", args.queries)
+            } else {
+                String::new()
+            },
             self.ctxs,
             self.steps
         );
@@ -98,7 +103,7 @@ impl Plan {
     /// big context is skipped without trying); None where it fits or there is no budget.
     pub fn over_budget(&self, codecs: KvCodecs, context: u32, args: &Args) -> Option<String> {
         let (budget, why) = self.budget?;
-        let cap = capacity(context, args.warmup, self.steps);
+        let cap = capacity(context, args.warmup, self.steps, args.queries);
         let planned = planned_store_bytes(self.model, codecs, cap, args.batch);
         (planned > budget).then(|| {
             format!(

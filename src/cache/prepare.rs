@@ -150,6 +150,8 @@ impl KvCache {
             });
         }
         let append = self.append_input(k, v, n, input)?;
+        // Built here, once, so that recording a chunk never compiles a pipeline.
+        self.pipes.chunk()?;
         let partials = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
             label: Some("kvq chunk partials"),
             size: scratch,

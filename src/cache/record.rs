@@ -128,9 +128,10 @@ impl KvCache {
     /// chunk that would pass the capacity is refused, typed, with nothing recorded.
     ///
     /// For drafts and prompts: a speculative verify of `n` drafted tokens is one chunk, then
-    /// [`KvCache::truncate`] drops the rejected ones. The attention is today's split-K decode
+    /// [`KvCache::truncate`] drops the rejected ones. The attention is the split-K decode
     /// kernel run once per new token (the grid's third dimension), so a chunk reads the
-    /// stored K/V once per new token (BENCHMARKS.md, "What is left").
+    /// stored K/V once per new token: on an H200 (qwen3-8b, 32k) a chunk of 4 took 3.4-5.3
+    /// single steps' GPU time and one of 8 6.3-10.1 (BENCHMARKS.md, "Chunks").
     pub fn chunk_in_pass(
         &mut self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -147,14 +148,15 @@ impl KvCache {
         layer: u32,
         io: &ChunkIo,
     ) -> Result<()> {
+        self.check_layer(layer)?;
+        let [split, reduce] = self.pipes.chunk()?.clone();
         self.record_append(pass, layer, &io.append)?;
-        let [split, reduce] = self.pipes.attend();
         let shape = GridShape {
             queries: io.append.n,
             ..self.grid_shape()
         };
         let stores: Vec<&Bound> = io.store[layer as usize].iter().collect();
-        self.record_attention(pass, split, reduce, &io.io, &stores, &shape);
+        self.record_attention(pass, &split, &reduce, &io.io, &stores, &shape);
         Ok(())
     }
 

@@ -255,6 +255,7 @@ impl KernelConfig {
         self.check()?;
         defines.switch("ENCODE", module.encodes());
         defines.switch("IN_F16", module.input() == Some(InputType::F16));
+        defines.switch("CHUNK", module == KernelModule::Chunk);
         preprocess::assemble(module.root(), &defines)
     }
 

@@ -15,26 +15,31 @@ pub enum KernelModule {
     /// The fused decode step (`split` also appends the new rows, `reduce` commits the
     /// length), reading the caller's K/V input of this element type.
     Step(InputType),
+    /// Attention of a chunk of new tokens, already appended (`split`, `reduce`, the query
+    /// the grid's third dimension): the decode kernels with a causal offset per query.
+    Chunk,
 }
 
 impl KernelModule {
     /// Every module of a cache, in a fixed order.
-    pub fn all() -> [KernelModule; 5] {
+    pub fn all() -> [KernelModule; 6] {
         [
             KernelModule::Append(InputType::F32),
             KernelModule::Append(InputType::F16),
             KernelModule::Decode,
             KernelModule::Step(InputType::F32),
             KernelModule::Step(InputType::F16),
+            KernelModule::Chunk,
         ]
     }
 
-    /// Short name: `append_f32`, `append_f16`, `decode`, `step_f32`, `step_f16`.
+    /// Short name: `append_f32`, `append_f16`, `decode`, `step_f32`, `step_f16`, `chunk`.
     pub fn name(self) -> String {
         match self {
             KernelModule::Append(t) => format!("append_{}", t.name()),
             KernelModule::Decode => "decode".into(),
             KernelModule::Step(t) => format!("step_{}", t.name()),
+            KernelModule::Chunk => "chunk".into(),
         }
     }
 
@@ -42,21 +47,21 @@ impl KernelModule {
     pub(crate) fn root(self) -> &'static str {
         match self {
             KernelModule::Append(_) => "kernels/append.wgsl",
-            KernelModule::Decode => "kernels/decode.wgsl",
+            KernelModule::Decode | KernelModule::Chunk => "kernels/decode.wgsl",
             KernelModule::Step(_) => "kernels/step.wgsl",
         }
     }
 
     /// Whether it writes rows (the codec files' encoders are in it).
     pub(crate) fn encodes(self) -> bool {
-        !matches!(self, KernelModule::Decode)
+        !matches!(self, KernelModule::Decode | KernelModule::Chunk)
     }
 
     /// The element type of the caller's K/V input it reads, if any.
     pub(crate) fn input(self) -> Option<InputType> {
         match self {
             KernelModule::Append(t) | KernelModule::Step(t) => Some(t),
-            KernelModule::Decode => None,
+            KernelModule::Decode | KernelModule::Chunk => None,
         }
     }
 
@@ -64,7 +69,7 @@ impl KernelModule {
     pub(crate) fn layouts(self) -> [LayoutTable; 2] {
         match self {
             KernelModule::Append(_) => [APPEND_STORE, APPEND_INPUT],
-            KernelModule::Decode => [DECODE_STORE, DECODE_IO],
+            KernelModule::Decode | KernelModule::Chunk => [DECODE_STORE, DECODE_IO],
             KernelModule::Step(_) => [STEP_STORE, STEP_IO],
         }
     }
@@ -74,7 +79,9 @@ impl KernelModule {
         use crate::dispatch as d;
         match self {
             KernelModule::Append(_) => &[&d::APPEND_SMALL, &d::APPEND_WIDE, &d::APPEND_COMMIT],
-            KernelModule::Decode | KernelModule::Step(_) => &[&d::SPLIT, &d::REDUCE],
+            KernelModule::Decode | KernelModule::Step(_) | KernelModule::Chunk => {
+                &[&d::SPLIT, &d::REDUCE]
+            }
         }
     }
 }

@@ -43,6 +43,9 @@ pub(crate) struct Pipelines {
     attend: [wgpu::ComputePipeline; 2],
     /// [F32, F16] x (split, reduce) of the fused step.
     step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
+    /// (split, reduce) of chunks.
+    chunk: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
+    decode_layout: wgpu::PipelineLayout,
 }
 
 fn entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
@@ -84,6 +87,9 @@ impl Pipelines {
         for (p, ep) in self.attend.iter().zip(ATTEND_ENTRIES) {
             v.push((p, KernelModule::Decode, ep, KernelModule::Decode.layouts()));
         }
+        for (p, ep) in self.chunk()?.iter().zip(ATTEND_ENTRIES) {
+            v.push((p, KernelModule::Chunk, ep, KernelModule::Chunk.layouts()));
+        }
         Ok(v)
     }
 
@@ -121,6 +127,24 @@ impl Pipelines {
                     "kvq step",
                     src,
                     &self.step_layout,
+                    ATTEND_ENTRIES,
+                )
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The chunk pipelines (split, reduce; built on the first call).
+    pub fn chunk(&self) -> Result<&[wgpu::ComputePipeline; 2]> {
+        self.chunk
+            .get_or_init(|| {
+                let src = self.cfg.module_source(KernelModule::Chunk)?;
+                build(
+                    &self.device,
+                    self.compile,
+                    "kvq chunk",
+                    src,
+                    &self.decode_layout,
                     ATTEND_ENTRIES,
                 )
             })
@@ -184,6 +208,8 @@ impl Pipelines {
             attend,
             append: Default::default(),
             step: Default::default(),
+            chunk: Default::default(),
+            decode_layout,
             append_store,
             append_input,
             decode_store,

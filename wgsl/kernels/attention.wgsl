@@ -157,14 +157,28 @@ fn write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, acc2: vec4<f3
 // dispatch order, so they start first. z: the query of a chunk of nq new tokens per sequence
 // (1 for a decode step), all already appended: query z attends the positions up to its own,
 // the last nq - 1 - z stored ones not.
+// (Only the chunk module reads nq: the decode and step kernels keep their single-query
+// arithmetic, which measured 2-3.5 % faster at 4k on an H200.)
 @compute @workgroup_size(WG)
+#if CHUNK
 fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+#else
+fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+#endif
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
-    // The query's row of the [B, nq] queries, and the tokens after it.
+    // The query's row of the [B, nq] queries, the tokens after it, and where the partials'
+    // (max, sum) pairs start.
+#if CHUNK
     let qb = b * nwg.z + wid.z;
     let later = nwg.z - 1u - wid.z;
+    let part_ml = nwg.z * PART_ML;
+#else
+    let qb = b;
+    let later = 0u;
+    let part_ml = PART_ML;
+#endif
     // The query, the level tables and the length are fetched together; the barrier of
     // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
     // rot_sh, once the new rows, whose encoding uses rot_sh, are written.)
@@ -351,7 +365,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
         }
         let pi = (qb * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
-        write_partial($gu, pi, nwg.z * PART_ML, c, acc$g, acc2$g, m$g, l$g);
+        write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g);
     }
 }
 
@@ -376,7 +390,11 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 // the output vectors beside the (max, sum) pairs, not after them, and the old length at the
 // start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
 @compute @workgroup_size(RED_WG)
+#if CHUNK
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+#else
+fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+#endif
     // V's diagonal for the un-rotation, published by the barriers below.
     load_diag(lid, RED_WG, false, true);
     // A rotor or iso V: this invocation's group matrix for the un-rotation, loaded now beside
@@ -388,8 +406,13 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     let qh = wid.x;
     let b = wid.y;
     // The query's row of the [B, nq] queries (z: the query of a chunk, as in split).
+#if CHUNK
     let qb = b * nwg.z + wid.z;
     let part_ml = nwg.z * PART_ML;
+#else
+    let qb = b;
+    let part_ml = PART_ML;
+#endif
     // The committing invocation reads the length now, beside the partials.
     let commits = qh == 0u && lid == 0u && wid.z == 0u;
     var old_len = 0u;
