@@ -249,7 +249,7 @@ mod tests {
         info
     }
 
-    /// The defaults as src/cache.rs computed them before this table (commit 7b26870), kept
+    /// The defaults as the cache computed them before this table (commit 7b26870), kept
     /// verbatim as the oracle the H200's entry must reproduce.
     mod old {
         use crate::spec::CacheSpec;

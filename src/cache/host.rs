@@ -269,7 +269,7 @@ impl KvCache {
                     let row = run * stride + p;
                     let dst = (run * cap + start + p) * kw;
                     for w in 0..kw {
-                        // K interleave: f16 by 16-byte chunks, q8/q4 by words (wgsl/codec_*.wgsl).
+                        // K interleave: f16 by 16-byte chunks, q8/q4 by words (wgsl/codecs/f16.wgsl, sym.wgsl).
                         let idx = if s.codecs.k.kind == CodecKind::None {
                             4 * ((row - row % K_BLOCK as usize) * (kw / 4)
                                 + (w / 4) * K_BLOCK as usize

@@ -2,8 +2,33 @@
 //! layout and the GPU kernels depend on. `docs/adding-a-codec.md` says what a new family
 //! needs besides its entry here.
 
-use super::CodecKind;
 use super::rotation;
+
+/// Family of a codec: how a head vector is turned into codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CodecKind {
+    /// Plain f16 storage (no quantization).
+    None,
+    /// Symmetric integer codes with one f16 scale per 32 values (ggml q8_0 / q4_0 style).
+    Sym,
+    /// TurboQuant-MSE: randomized Hadamard rotation + Lloyd–Max codes.
+    Turbo,
+    /// RotorQuant: a Cl(3,0) rotor per group of 3 coordinates + Lloyd–Max codes.
+    Rotor,
+    /// IsoQuant: a unit quaternion per group of 4 coordinates + Lloyd–Max codes.
+    Iso,
+}
+
+impl CodecKind {
+    /// Whether this family rotates and uses Lloyd–Max codes (turbo, rotor, iso).
+    pub fn is_rotated(self) -> bool {
+        self.family().rotated
+    }
+
+    pub(crate) fn prefix(self) -> &'static str {
+        self.family().prefix
+    }
+}
 
 /// One codec family's facts.
 pub(crate) struct Family {

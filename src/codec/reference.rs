@@ -3,8 +3,10 @@
 
 use half::f16;
 
+use super::codecs::{Codec, RowLayout, ScaleMode};
+use super::family::CodecKind;
+use super::lloyd;
 use super::rotation;
-use super::{Codec, CodecKind, RowLayout, ScaleMode, lloyd};
 use crate::error::KvqError;
 
 /// Reads the `b`-bit field (`b <= 32`) at row bit `offset` (LSB-first, may straddle words).

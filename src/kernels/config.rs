@@ -87,7 +87,7 @@ pub struct KernelConfig {
 
 impl KernelConfig {
     /// Whether this cache's kernels are compiled with wgpu's index clamping: every codec but a
-    /// rotated V codec's (see the crate's `kernels::runtime_checks` for the measurements and
+    /// rotated V codec's (see the crate-internal `kernels::pipelines::runtime_checks` for the measurements and
     /// why every index is in range without it).
     pub fn clamps_indices(&self) -> bool {
         // The audits hold for the shapes `CacheSpec::validate` accepts; a configuration built
@@ -175,7 +175,7 @@ impl KernelConfig {
         let cst = self.constant_offsets();
         for (side, codec, off) in [("K", self.k, cst.k), ("V", self.v, cst.v)] {
             let d = self.head_dim;
-            let l = codec.layout(d).expect("codec checked by KvCache::new");
+            let l = codec.layout(d).expect("callers check() first");
             let mut c = |name: &str, v: u32| h.constant(&format!("{side}_{name}"), Value::U32(v));
             c("WORDS", l.words);
             c("BITS", l.code_bits);
@@ -248,6 +248,7 @@ impl KernelConfig {
 
     /// The WGSL of `module` for this configuration.
     pub fn module_source(&self, module: KernelModule) -> Result<String> {
+        self.check()?;
         self.module_source_with(module, self.defines())
     }
 
@@ -271,6 +272,7 @@ impl KernelConfig {
     /// split kernels), in bytes as WebGPU counts it against `maxComputeWorkgroupStorageSize`
     /// (each variable rounded up to 16 bytes), read off the compiled module.
     pub(crate) fn split_workgroup_bytes(&self) -> Result<u32> {
+        self.check()?;
         Ok(self.split_memory(self.defines())?.webgpu)
     }
 
@@ -422,8 +424,10 @@ impl KernelConfig {
         // The cliff is in what the GPU allocates: the exact sum. (A module that fails to
         // assemble fails again, with its error, when it is built.)
         let fits = || {
-            self.split_memory(self.defines_with(true))
-                .is_ok_and(|b| b.exact <= 12 * 1024)
+            self.check().is_ok()
+                && self
+                    .split_memory(self.defines_with(true))
+                    .is_ok_and(|b| b.exact <= 12 * 1024)
         };
         same && (256 / self.rot_width() >= 2 || fits())
     }
@@ -547,7 +551,8 @@ pub(crate) fn k_unroll(head_dim: u32) -> u32 {
     }
 }
 
-/// V rows one thread loads together before using them (`$v` lines).
+/// Loads a thread issues together before using them in the QJL projection (`$v` lines of
+/// kernels/attention.wgsl, `VU`).
 pub(crate) const V_UNROLL: u32 = 8;
 
 /// Groups of 4 codes in a block of 32 codes of a rotated K row (`$k` lines).

@@ -138,10 +138,8 @@ impl Defines {
     }
 
     fn get(&self, name: &str) -> Option<&Value> {
-        // The last definition wins, so a module's switches may refine the shared table.
         self.entries
             .iter()
-            .rev()
             .find(|(n, _, _)| n == name)
             .map(|(_, v, _)| v)
     }
@@ -171,6 +169,15 @@ pub(crate) fn assemble(root: &str, defines: &Defines) -> Result<String> {
 
 /// [`assemble`] over another set of files (the tests').
 fn assemble_from(files: &[(&str, &str)], root: &str, defines: &Defines) -> Result<String> {
+    // One meaning per name: a switch that shadowed a constant would make `#if` and the
+    // WGSL `const` disagree.
+    for (i, (name, _, _)) in defines.entries.iter().enumerate() {
+        if defines.entries[..i].iter().any(|(n, _, _)| n == name) {
+            return Err(KvqError::Gpu(format!(
+                "kvq WGSL define `{name}` defined twice"
+            )));
+        }
+    }
     let mut out = defines.wgsl_consts();
     let mut cx = Context {
         files,
@@ -234,6 +241,9 @@ impl Context<'_> {
                 .unwrap_or((directive, ""));
             let rest = rest.trim();
             let eval = |e: &str| evaluate(e, defines).map_err(|m| error(path, n, m));
+            if matches!(word, "else" | "endif") && !rest.is_empty() {
+                return Err(error(path, n, format!("text after #{word}: `{rest}`")));
+            }
             match word {
                 "if" => {
                     let on = active && eval(rest)?;
@@ -264,6 +274,9 @@ impl Context<'_> {
                 }
                 "include" if active => {
                     let (file, params) = parse_include(rest).map_err(|e| error(path, n, e))?;
+                    if !self.files.iter().any(|(p, _)| *p == file) {
+                        return Err(error(path, n, format!("no kvq WGSL file `{file}`")));
+                    }
                     let outer = self.scope.len();
                     self.scope.extend(params);
                     self.expand_file(&file, depth + 1, out)?;
@@ -276,6 +289,14 @@ impl Context<'_> {
                     };
                     if !token.starts_with('$') {
                         return Err(error(path, n, "an unroll token starts with `$`"));
+                    }
+                    // A token inside another (`$v` in `$vx`) would expand the other's lines.
+                    if let Some((t, _)) = unrolls
+                        .iter()
+                        .find(|(t, _)| t.starts_with(token) || token.starts_with(t.as_str()))
+                    {
+                        let e = format!("unroll token {token} overlaps {t}");
+                        return Err(error(path, n, e));
                     }
                     let count = match defines.get(count) {
                         Some(Value::U32(c)) => *c,
@@ -602,7 +623,18 @@ mod tests {
                 "#if ENCODE\n#else\n#elif G\n#endif\n",
                 "root.wgsl:3: #elif after #else",
             ),
-            ("#include \"missing.wgsl\"\n", "missing.wgsl:0: no such"),
+            (
+                "#include \"missing.wgsl\"\n",
+                "root.wgsl:1: no kvq WGSL file `missing.wgsl`",
+            ),
+            (
+                "#if ENCODE\n#else if G\n#endif\n",
+                "root.wgsl:2: text after #else",
+            ),
+            (
+                "#unroll $g G\n#unroll $gx G\n",
+                "root.wgsl:2: unroll token $gx overlaps $g",
+            ),
             ("#include \"root.wgsl\"\n", "too deep"),
             ("#unroll $g NOPE\n", "root.wgsl:1: `NOPE` is no u32 define"),
             ("#define X 1\n", "root.wgsl:1: unknown directive `#define`"),

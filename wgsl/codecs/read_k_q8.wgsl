@@ -1,5 +1,5 @@
 #unroll $g G
-#unroll $v VU
+#unroll $v K_BITS
 // Scores of a q8 K row against q_sh: per 32-value block, the scale word and the 8 code words
 // are loaded together, then the integer codes are dotted with the query and scaled once.
 fn k_scores(row: u32) {

@@ -7,7 +7,7 @@
 // block's (or the row's) scale. With QJL, the residual's sign bits add the estimator's
 // correction.
 
-// With K_PAIRS (src/kernels/mod.rs, `k_pairs`, says where it pays), the levels of two adjacent codes (the
+// With K_PAIRS (src/kernels/config.rs, `k_pairs`, says where it pays), the levels of two adjacent codes (the
 // first in the low bits) by their 2 K_BITS-bit field, so that codes are looked up two at a
 // time: half the lookups, and half the shifts and masks that cut the codes out.
 var<workgroup> lp_k: array<vec2<f32>, K_NPAIR>;

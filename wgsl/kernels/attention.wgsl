@@ -88,7 +88,7 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
     let g = t % QT;
     if ROTOR_Q {
         let x = vec4<f32>(query_coord(b, h, i, 3u * g), query_coord(b, h, i, 3u * g + 1u), query_coord(b, h, i, 3u * g + 2u), 0.0);
-        return x * group_matrix(3u, K_ROT, g);
+        return x * group_matrix(KIND_ROTOR, K_ROT, g);
     }
     let k = 4u * g;
     let x = vec4<f32>(query_coord(b, h, i, k), query_coord(b, h, i, k + 1u), query_coord(b, h, i, k + 2u), query_coord(b, h, i, k + 3u));
@@ -98,7 +98,7 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
     if K_KIND == KIND_TURBO {
         return x * turbo_coef(K_ROT, g);
     }
-    return x * group_matrix(4u, K_ROT, g);
+    return x * group_matrix(KIND_ISO, K_ROT, g);
 }
 
 // The group's query (qv, loaded at kernel start) into rot_sh rows 0..G, then the QJL

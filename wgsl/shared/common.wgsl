@@ -1,5 +1,5 @@
 // Shared helpers for every kvq kernel. The generated block of `const` declarations (shape,
-// codec and tuning constants) precedes every module; see src/kernels/mod.rs, `defines`.
+// codec and tuning constants) precedes every module; see src/kernels/config.rs, `defines`.
 
 // Masked score / empty-max sentinel: finite so exp(NEG - m) is 0, never NaN.
 const NEG: f32 = -3.0e38;

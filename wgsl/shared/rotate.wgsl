@@ -245,7 +245,7 @@ fn rotor_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     let groups = (D + 2u) / 3u;
     for (var i = lid; i < rows * groups; i += nt) {
         let at = (i / groups) * RW + 3u * (i % groups);
-        let m = group_matrix(3u, rot, i % groups);
+        let m = group_matrix(KIND_ROTOR, rot, i % groups);
         let x = vec4<f32>(rs_get(at), rs_get(at + 1u), rs_get(at + 2u), 0.0);
         let y = select(x * m, m * x, inverse);
         rs_set(at, y.x);
@@ -261,7 +261,7 @@ fn iso_rotate(rot: u32, rows: u32, lid: u32, nt: u32, inverse: bool) {
     let groups = D / 4u;
     for (var i = lid; i < rows * groups; i += nt) {
         let at = (i / groups) * RW + 4u * (i % groups);
-        let m = group_matrix(4u, rot, i % groups);
+        let m = group_matrix(KIND_ISO, rot, i % groups);
         let x = rot_sh[at / 4u];
         rot_sh[at / 4u] = select(x * m, m * x, inverse);
     }

@@ -8,6 +8,7 @@ mod quality;
 use super::lloyd::{codebook, erf, erfc};
 use super::rotation::*;
 use super::*;
+use crate::error::KvqError;
 
 const DIMS: [u32; 4] = [64, 96, 128, 256];
 
