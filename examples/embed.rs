@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release --example embed` — runs a short greedy-looking decode loop on a tiny
 //! model shape and prints, per step, the sequence length and how many bytes kvq moved between
-//! host and GPU (always 0 inside the loop).
+//! host and GPU (always 0 inside the loop); then a second turn's prompt over the cache and a
+//! speculative verify of 4 drafted tokens, of which 2 are kept (`truncate`).
 
 use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs};
 use wgpu::util::DeviceExt;
@@ -102,6 +103,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             moved.bytes_downloaded,
             moved.dispatches
         );
+    }
+
+    // 5. A second turn: its prompt of 12 tokens attends the cached history and, causally,
+    //    itself (one chunk per layer), then 4 drafted tokens are verified in one chunk and
+    //    the 2 accepted kept. Queries and outputs are [batch, n, q_heads, head_dim].
+    for (what, n, keep) in [("second prompt", 12u32, 12u32), ("verify 4 drafts", 4, 2)] {
+        let qn = (n * q_heads * d) as usize;
+        let q: Vec<f32> = (0..qn).map(|_| rand()).collect();
+        let q_buf = storage(bytemuck::cast_slice(&q));
+        let out_buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("chunk out"),
+            size: qn as u64 * 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let before_len = cache.len(0, 0)?;
+        let mut enc = device.create_command_encoder(&Default::default());
+        let mut ios = Vec::new();
+        for _ in 0..layers {
+            let k = storage(bytemuck::cast_slice(&half(n * kv_heads * d, &mut rand)));
+            let v = storage(bytemuck::cast_slice(&half(n * kv_heads * d, &mut rand)));
+            ios.push(cache.chunk_io(&k, &v, n, InputType::F16, &q_buf, &out_buf)?);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for (layer, io) in ios.iter().enumerate() {
+                cache.chunk_in_pass(&mut pass, layer as u32, io)?;
+            }
+        }
+        queue.submit([enc.finish()]);
+        // The engine samples from the outputs here; the drafts it rejects are cut back.
+        cache.truncate(0, before_len + keep)?;
+        println!("{what}: length {} tokens", cache.len(0, 0)?);
     }
     device.poll(wgpu::PollType::wait_indefinitely())?;
     Ok(())
