@@ -8,6 +8,7 @@ use super::record::PlanRecorder;
 use super::wgsl::{BindingKind, Target, module_for_target};
 use crate::cache::KvCache;
 use crate::codec::CodecRef;
+use crate::codec::rotation::SplitMix64;
 use crate::context::GpuContext;
 use crate::error::{KvqError, Result};
 use crate::kernels::{InputType, KernelConfig, KernelModule};
@@ -47,16 +48,12 @@ pub struct Scenario {
     pub seed: u64,
 }
 
-/// SplitMix64 with Box–Muller normals: small, seeded, reproducible.
-struct Rng(u64);
+/// kvq's SplitMix64 with Box–Muller normals: small, seeded, reproducible.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// `n` normal values times `scale`, rounded to f16 values: with f16 inputs the GPU's f32
@@ -211,7 +208,7 @@ impl Inputs {
     fn new(sc: &Scenario) -> Inputs {
         let b = sc.spec.batch as usize;
         Inputs {
-            rng: Rng(sc.seed),
+            rng: Rng(SplitMix64::new(sc.seed)),
             batch: b,
             row: (sc.spec.kv_heads * sc.spec.head_dim) as usize,
             ks: vec![Vec::new(); b],
