@@ -178,6 +178,10 @@ fn scenarios_cover_every_gpu_codec_both_paths_and_the_shapes() {
         );
         assert!(harness.iter().any(|h| h.kind == c.kind && h.qjl == c.qjl));
     }
+    // Chunks: over an int V, a ring and a QJL K.
+    let chunks: Vec<_> = sc.iter().filter(|s| s.path == StepPath::Chunk).collect();
+    assert!(chunks.iter().any(|s| s.spec.window.is_some()));
+    assert!(chunks.iter().any(|s| s.spec.codecs.k.qjl));
     for path in [StepPath::Separate, StepPath::Fused] {
         for t in [InputType::F32, InputType::F16] {
             assert!(sc.iter().any(|s| s.path == path && s.step_input == t));

@@ -79,10 +79,7 @@ pub fn scenarios() -> Vec<Scenario> {
                 spec.capacity = (prefill + steps).div_ceil(2).max(4);
                 spec.window = Some(spec.capacity - 2);
             }
-            let path_name = match path {
-                StepPath::Separate => "separate",
-                StepPath::Fused => "fused",
-            };
+            let path_name = path_name(path);
             let window = spec.window.map(|w| format!("-w{w}")).unwrap_or_default();
             let name = format!(
                 "{}-d{d}-g{}-b{batch}-n{prefill}{window}-{path_name}",
@@ -111,5 +108,35 @@ pub fn scenarios() -> Vec<Scenario> {
             });
         }
     }
+    // Chunks of new tokens attended causally, on three of those caches: an int V, a ring
+    // (whose window leaves the chunk its slack), a QJL K.
+    let picks = [
+        0,
+        out.iter()
+            .position(|s| s.spec.window.is_some())
+            .unwrap_or(1),
+        out.len() - 1,
+    ];
+    for (n, i) in picks.into_iter().enumerate() {
+        let mut sc = out[i].clone();
+        if sc.spec.window.is_none() {
+            sc.spec.capacity += (StepPath::Chunk.tokens() - 1) * sc.steps;
+        }
+        sc.name = sc
+            .name
+            .replace(&format!("-{}", path_name(sc.path)), "-chunk");
+        sc.path = StepPath::Chunk;
+        sc.seed = 5000 + n as u64;
+        out.push(sc);
+    }
     out
+}
+
+/// A path's name in scenario names.
+fn path_name(path: StepPath) -> &'static str {
+    match path {
+        StepPath::Separate => "separate",
+        StepPath::Fused => "fused",
+        StepPath::Chunk => "chunk",
+    }
 }

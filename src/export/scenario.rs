@@ -22,10 +22,27 @@ pub enum StepPath {
     Separate,
     /// [`KvCache::step_in_pass`] per step (the fused two-dispatch step).
     Fused,
+    /// [`KvCache::chunk_in_pass`] per step: [`CHUNK_TOKENS`] new tokens per sequence,
+    /// attended causally.
+    Chunk,
+}
+
+/// New tokens per sequence of each step of a [`StepPath::Chunk`] scenario.
+pub const CHUNK_TOKENS: u32 = 3;
+
+impl StepPath {
+    /// New tokens per sequence each step appends.
+    pub fn tokens(self) -> u32 {
+        match self {
+            StepPath::Chunk => CHUNK_TOKENS,
+            _ => 1,
+        }
+    }
 }
 
 /// A decode scenario: a cache, a prefill of `prefill` tokens per sequence into `layer`, then
-/// `steps` decode steps of one token each, each attending one query per sequence.
+/// `steps` decode steps of one token each (or chunks of [`CHUNK_TOKENS`]), each attending its
+/// new tokens' queries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {
     /// Unique name (used for file names).
@@ -114,7 +131,7 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
             label: format!("step {step} output"),
             buffer: out,
             expected: Expected::F32 {
-                values: inputs.expected_output(s, &q, &kref, &vref),
+                values: inputs.expected_chunk(s, &q, sc.path.tokens() as usize, &kref, &vref),
                 chunk: (s.q_heads * s.head_dim) as usize,
                 tolerance: 1e-3,
             },
@@ -152,7 +169,7 @@ fn check_scenario(sc: &Scenario) -> Result<u64> {
             sc.name
         )));
     }
-    let total = sc.prefill as u64 + sc.steps as u64;
+    let total = sc.prefill as u64 + sc.steps as u64 * sc.path.tokens() as u64;
     if sc.layer >= s.layers || (total > s.capacity as u64 && s.window.is_none()) {
         return Err(KvqError::InvalidSpec(format!(
             "scenario '{}': layer {} of {} and {} tokens in capacity {}",
@@ -231,18 +248,42 @@ impl Inputs {
         (k, v)
     }
 
-    /// A decode step's queries, `[batch, q_heads, head_dim]`.
-    fn queries(&mut self, s: &CacheSpec) -> Vec<f32> {
+    /// A step's queries, `[batch, n, q_heads, head_dim]`.
+    fn queries(&mut self, s: &CacheSpec, n: usize) -> Vec<f32> {
         self.rng
-            .f16_normals(self.batch * (s.q_heads * s.head_dim) as usize, 1.5)
+            .f16_normals(self.batch * n * (s.q_heads * s.head_dim) as usize, 1.5)
+    }
+
+    /// What attending a step's queries `q` (`[batch, n, q_heads, head_dim]`, the last `n`
+    /// tokens' queries) gives, causally: new token `i` over the tokens up to its own.
+    fn expected_chunk(
+        &self,
+        s: &CacheSpec,
+        q: &[f32],
+        n: usize,
+        kref: &CodecRef,
+        vref: &CodecRef,
+    ) -> Vec<f64> {
+        let rows = (s.q_heads * s.head_dim) as usize;
+        let mut want = Vec::with_capacity(q.len());
+        for seq in 0..self.batch {
+            for i in 0..n {
+                let r = (seq * n + i) * rows;
+                want.extend(self.expected_output(s, seq, &q[r..r + rows], n - 1 - i, kref, vref));
+            }
+        }
+        want
     }
 
     /// What attending `q` over the tokens so far gives (f64, over the CPU reference's
     /// dequantized store; with QJL K, over the QJL score estimator as the GPU computes).
+    /// (Sequence `seq`'s query heads `q`, the last `later` tokens not visible to it.)
     fn expected_output(
         &self,
         s: &CacheSpec,
+        seq: usize,
         q: &[f32],
+        later: usize,
         kref: &CodecRef,
         vref: &CodecRef,
     ) -> Vec<f64> {
@@ -252,41 +293,23 @@ impl Inputs {
                 .flat_map(|row| r.decode(&r.encode(row)))
                 .collect()
         };
-        let mut want = Vec::with_capacity(q.len());
-        for seq in 0..self.batch {
-            let qs: Vec<f64> = q[seq * qh * d..(seq + 1) * qh * d]
-                .iter()
-                .map(|&x| x as f64)
-                .collect();
-            // A sliding window attends its last `window` tokens only.
-            let len = self.ks[seq].len() / (kvh * d);
-            let first = (len - len.min(s.window.unwrap_or(s.capacity) as usize)) * kvh * d;
-            let (ks, vs) = (&self.ks[seq][first..], &self.vs[seq][first..]);
-            let (kd, vd) = (dequant(kref, ks), dequant(vref, vs));
-            if s.codecs.k.qjl {
-                // Scores from the QJL estimator over the encoded rows, as the GPU computes.
-                let rows: Vec<Vec<u32>> = ks.chunks(d).map(|x| kref.encode(x)).collect();
-                let scale = s.softmax_scale() as f64;
-                want.extend(reference::attention_with_scores(
-                    &vd,
-                    qh,
-                    kvh,
-                    d,
-                    |q, h, t| scale * kref.ip_estimate(&rows[t * kvh + h], &qs[q * d..(q + 1) * d]),
-                ));
-            } else {
-                want.extend(reference::attention(
-                    &qs,
-                    &kd,
-                    &vd,
-                    qh,
-                    kvh,
-                    d,
-                    s.softmax_scale() as f64,
-                ));
-            }
+        let qs: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+        // A sliding window attends its last `window` tokens only.
+        let len = self.ks[seq].len() / (kvh * d) - later;
+        let first = (len - len.min(s.window.unwrap_or(s.capacity) as usize)) * kvh * d;
+        let end = len * kvh * d;
+        let (ks, vs) = (&self.ks[seq][first..end], &self.vs[seq][first..end]);
+        let (kd, vd) = (dequant(kref, ks), dequant(vref, vs));
+        if s.codecs.k.qjl {
+            // Scores from the QJL estimator over the encoded rows, as the GPU computes.
+            let rows: Vec<Vec<u32>> = ks.chunks(d).map(|x| kref.encode(x)).collect();
+            let scale = s.softmax_scale() as f64;
+            reference::attention_with_scores(&vd, qh, kvh, d, |q, h, t| {
+                scale * kref.ip_estimate(&rows[t * kvh + h], &qs[q * d..(q + 1) * d])
+            })
+        } else {
+            reference::attention(&qs, &kd, &vd, qh, kvh, d, s.softmax_scale() as f64)
         }
-        want
     }
 }
 
@@ -335,8 +358,9 @@ fn record_step(
     step: u32,
     inputs: &mut Inputs,
 ) -> Result<(Vec<f32>, usize)> {
-    let (k, v) = inputs.tokens(1);
-    let q = inputs.queries(&sc.spec);
+    let n = sc.path.tokens();
+    let (k, v) = inputs.tokens(n as usize);
+    let q = inputs.queries(&sc.spec, n as usize);
     let (kb, vb) = (
         caller_buffer(ctx, &input_bytes(&k, sc.step_input)),
         caller_buffer(ctx, &input_bytes(&v, sc.step_input)),
@@ -361,6 +385,11 @@ fn record_step(
             let io = cache.step_io(&kb, &vb, 1, sc.step_input, &qb, &ob)?;
             rec.begin(format!("step {step}: fused step"));
             cache.record_step(rec, sc.layer, &io)?;
+        }
+        StepPath::Chunk => {
+            let io = cache.chunk_io(&kb, &vb, n, sc.step_input, &qb, &ob)?;
+            rec.begin(format!("step {step}: chunk of {n} tokens"));
+            cache.record_chunk(rec, sc.layer, &io)?;
         }
     }
     Ok((q, out))
@@ -477,6 +506,7 @@ fn summary(sc: &Scenario, cache: &KvCache) -> String {
         match sc.path {
             StepPath::Separate => "append + attend",
             StepPath::Fused => "fused step",
+            StepPath::Chunk => "chunks of 3 tokens",
         }
     )
 }
