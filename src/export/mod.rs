@@ -33,7 +33,7 @@ pub use plan::{
     Expected, PlanBindGroup, PlanBuffer, PlanCheck, PlanDispatch, PlanModule, PlanPass,
     PlanPipeline, ReplayPlan,
 };
-pub use scenario::{Scenario, StepPath, replay_plan};
+pub use scenario::{CHUNK_TOKENS, Scenario, StepPath, replay_plan};
 pub use wgsl::{
     BindGroupLayoutDesc, BindingKind, ExportedKernel, LayoutEntry, Target, export_kernels,
     gpu_codecs, kernel_wgsl,
