@@ -7,7 +7,7 @@ use crate::codec_list::split_codecs;
 
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--batch B] [--queries N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
+             [--batch B] [--queries 1,4,8] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
              [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
@@ -37,9 +37,9 @@ pub struct Args {
     pub codecs: Vec<String>,
     /// Sequences decoded together, each at the point's context.
     pub batch: u32,
-    /// New tokens per sequence a step appends and attends (`--queries`; 1: a decode step,
-    /// more: a chunk, `KvCache::chunk`).
-    pub queries: u32,
+    /// New tokens per sequence a step appends and attends, one run of every point per value
+    /// (`--queries`; 1: a decode step, more: a chunk, `KvCache::chunk`).
+    pub queries: Vec<u32>,
     pub steps: Option<usize>,
     pub warmup: usize,
     /// Milliseconds of back-to-back attends before each point's warm-up (None: 300 on a GPU).
@@ -77,7 +77,7 @@ impl Default for Args {
             ctx: None,
             codecs: vec!["none".into()],
             batch: 1,
-            queries: 1,
+            queries: vec![1],
             steps: None,
             warmup: 5,
             busy_ms: None,
@@ -117,7 +117,7 @@ pub fn parse_args() -> Result<Args, String> {
             }
         }
     }
-    if a.unfused && a.queries > 1 {
+    if a.unfused && a.queries.iter().any(|&n| n > 1) {
         return Err("--unfused times single-token steps: not with --queries".into());
     }
     if a.replot.is_some() {
@@ -153,8 +153,8 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
             }
         }
         "--queries" => {
-            a.queries = num(&val)?;
-            if a.queries == 0 {
+            a.queries = val.split(',').map(num).collect::<Result<_, _>>()?;
+            if a.queries.contains(&0) {
                 return Err("--queries must be at least 1".into());
             }
         }

@@ -2,7 +2,7 @@
 //! its columns by name, so older CSVs without later columns still plot).
 
 use crate::args::Wait;
-use crate::measure::{Row, tok_s};
+use crate::measure::{Row, label, tok_s};
 use crate::plot::{Point, plot_title};
 use crate::probe::PeakBandwidth;
 use crate::report::{Derived, fmt_opt};
@@ -129,7 +129,7 @@ pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
             title = plot_title(&f[model], &f[layers], &format!("from {file}"));
         }
         points.push(Point {
-            codec: f[codec].clone(),
+            codec: label(&f[codec], q as u32),
             ctx: ctx as u32,
             tok_s,
         });

@@ -79,7 +79,7 @@ fn main() {
         let points: Vec<Point> = rows
             .iter()
             .map(|r| Point {
-                codec: r.codec.clone(),
+                codec: r.label(),
                 ctx: r.ctx,
                 tok_s: r.tok_s(),
             })
@@ -88,16 +88,21 @@ fn main() {
     }
 }
 
-/// Every (context, codec) point, contexts outermost: one line each as it ends (measured,
-/// skipped or failed), and the measured rows in that order.
+/// Every (context, queries, codec) point, contexts outermost: one line each as it ends
+/// (measured, skipped or failed), and the measured rows in that order.
 fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
-    let total = plan.codecs.len() * plan.ctxs.len();
+    let total = plan.codecs.len() * plan.ctxs.len() * args.queries.len();
     let progress = Progress::new(total);
-    for &c in &plan.ctxs {
+    let points = plan
+        .ctxs
+        .iter()
+        .flat_map(|&c| args.queries.iter().map(move |&n| (c, n)));
+    for (c, n) in points {
         for (name, codecs) in &plan.codecs {
+            let label = measure::label(name, n);
             let t = Instant::now();
-            let result = match plan.over_budget(*codecs, c, args) {
+            let result = match plan.over_budget(*codecs, c, n, args) {
                 Some(why) => Err(Skip::Skipped(why)),
                 None => PointRun {
                     ctx,
@@ -108,13 +113,14 @@ fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
                     name,
                     codecs: *codecs,
                     context: c,
+                    queries: n,
                 }
                 .run(),
             };
             match result {
                 Ok(r) => {
                     progress.line(format!(
-                        "[{}/{total}] {name} ctx {c}: {:.3} ms/step, {} on the device ({:.1} s)",
+                        "[{}/{total}] {label} ctx {c}: {:.3} ms/step, {} on the device ({:.1} s)",
                         rows.len() + 1,
                         r.step_ms,
                         fmt_bytes(r.mem.total()),
@@ -123,10 +129,10 @@ fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
                     rows.push(r);
                 }
                 Err(Skip::Skipped(why)) => {
-                    progress.line(format!("skipped ctx={c} codec={name}: {why}"))
+                    progress.line(format!("skipped ctx={c} codec={label}: {why}"))
                 }
                 Err(Skip::Failed(why)) => {
-                    progress.line(format!("failed ctx={c} codec={name}: {why}"))
+                    progress.line(format!("failed ctx={c} codec={label}: {why}"))
                 }
             }
             progress.point_done();

@@ -43,8 +43,23 @@ pub struct Row {
 }
 
 impl Row {
+    /// The codec as the table and the plot name the point ([`label`]).
+    pub fn label(&self) -> String {
+        label(&self.codec, self.queries)
+    }
+
     pub fn tok_s(&self) -> f64 {
         tok_s((self.batch * self.queries) as f64, self.step_ms)
+    }
+}
+
+/// A point's codec as the table, the progress lines and the plot name it: with ` n=N` for a
+/// chunk of N new tokens per sequence.
+pub fn label(codec: &str, queries: u32) -> String {
+    if queries > 1 {
+        format!("{codec} n={queries}")
+    } else {
+        codec.to_string()
     }
 }
 
@@ -134,6 +149,8 @@ pub struct PointRun<'a> {
     pub name: &'a str,
     pub codecs: KvCodecs,
     pub context: u32,
+    /// New tokens per sequence a step appends and attends.
+    pub queries: u32,
 }
 
 /// A filled cache's per-step bindings: one new token's K/V per layer (distinct buffers), a
@@ -170,7 +187,7 @@ impl PointRun<'_> {
             m.q_heads,
             m.kv_heads,
             m.head_dim,
-            capacity(self.context, args.warmup, self.steps, args.queries),
+            capacity(self.context, args.warmup, self.steps, self.queries),
         )
         .with_codecs(self.codecs)
         .with_batch(args.batch);
@@ -209,7 +226,7 @@ impl PointRun<'_> {
             mem: cache.memory(),
             splits: l.splits,
             batch: args.batch,
-            queries: args.queries,
+            queries: self.queries,
         })
     }
 
@@ -292,7 +309,7 @@ impl PointRun<'_> {
             .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
             .collect::<Result<_, _>>()?;
         // A chunk's new tokens, queries and outputs: `queries` rows of each per sequence.
-        let n = self.args.queries;
+        let n = self.queries;
         let mut keep = Vec::new();
         let mut chunk_io = Vec::new();
         if n > 1 {
@@ -383,7 +400,7 @@ impl PointRun<'_> {
                 });
                 for layer in 0..self.model.layers {
                     let l = layer as usize;
-                    if args.queries > 1 {
+                    if self.queries > 1 {
                         cache.chunk_in_pass(&mut pass, layer, &inputs.chunk_io[l])?;
                     } else if args.unfused {
                         cache.append_in_pass(&mut pass, layer, &inputs.step_in[l])?;

@@ -89,8 +89,11 @@ impl Plan {
             m.kv_heads,
             m.head_dim,
             args.batch,
-            if args.queries > 1 {
-                format!(", {} new tokens per sequence a step (chunks)", args.queries)
+            if args.queries != [1] {
+                format!(
+                    ", {:?} new tokens per sequence a step (chunks)",
+                    args.queries
+                )
             } else {
                 String::new()
             },
@@ -101,9 +104,15 @@ impl Plan {
 
     /// Why the point cannot fit the memory budget, checked before its cache is built (so a
     /// big context is skipped without trying); None where it fits or there is no budget.
-    pub fn over_budget(&self, codecs: KvCodecs, context: u32, args: &Args) -> Option<String> {
+    pub fn over_budget(
+        &self,
+        codecs: KvCodecs,
+        context: u32,
+        queries: u32,
+        args: &Args,
+    ) -> Option<String> {
         let (budget, why) = self.budget?;
-        let cap = capacity(context, args.warmup, self.steps, args.queries);
+        let cap = capacity(context, args.warmup, self.steps, queries);
         let planned = planned_store_bytes(self.model, codecs, cap, args.batch);
         (planned > budget).then(|| {
             format!(

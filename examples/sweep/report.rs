@@ -13,16 +13,16 @@ use crate::timing::gbps;
 pub struct Derived {
     /// K/V bytes a step must read over its GPU time (host time where untimed).
     pub gbps: f64,
-    /// step_ms over `none`'s at the same context.
+    /// step_ms over `none`'s at the same context and queries.
     pub ratio: Option<f64>,
     /// `gbps` over the peak.
     pub frac: Option<f64>,
 }
 
 pub fn derive(rows: &[Row], peak: Option<&PeakBandwidth>) -> Vec<Derived> {
-    let none_ms = |c: u32| {
+    let none_ms = |c: u32, n: u32| {
         rows.iter()
-            .find(|r| r.codec == "none" && r.ctx == c)
+            .find(|r| r.codec == "none" && r.ctx == c && r.queries == n)
             .map(|r| r.step_ms)
     };
     rows.iter()
@@ -30,7 +30,7 @@ pub fn derive(rows: &[Row], peak: Option<&PeakBandwidth>) -> Vec<Derived> {
             let gbps = gbps(r.bytes, r.gpu_ms.unwrap_or(r.step_ms));
             Derived {
                 gbps,
-                ratio: none_ms(r.ctx).map(|n| r.step_ms / n),
+                ratio: none_ms(r.ctx, r.queries).map(|n| r.step_ms / n),
                 frac: peak.map(|p| gbps / p.gbps),
             }
         })
@@ -90,7 +90,7 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
     for (r, d) in rows.iter().zip(derived) {
         println!(
             "{:<22} {:>7} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6} {:>7} {:>5.2} {:>5.2} {:>6.0} {:>5.0} {:>10}",
-            r.codec,
+            r.label(),
             r.ctx,
             r.step_ms,
             r.record_ms,
