@@ -131,7 +131,7 @@ impl KvCache {
     /// [`KvCache::truncate`] drops the rejected ones. The attention is the split-K decode
     /// kernel run once per new token (the grid's third dimension), so a chunk reads the
     /// stored K/V once per new token: on an H200 (qwen3-8b, 32k) a chunk of 4 took 3.4-5.3
-    /// single steps' GPU time and one of 8 6.3-10.1 (BENCHMARKS.md, "Chunks").
+    /// single steps' GPU time and one of 8 6.3-10.2 (BENCHMARKS.md, "Chunks").
     pub fn chunk_in_pass(
         &mut self,
         pass: &mut wgpu::ComputePass<'_>,
