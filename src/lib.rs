@@ -28,7 +28,6 @@ pub mod error;
 pub mod export;
 pub mod kernels;
 pub mod memory;
-mod poison;
 pub mod reference;
 pub mod spec;
 pub mod tuning;

@@ -74,7 +74,7 @@ impl KvCache {
     /// Prepares a caller's query buffer (`[batch, q_heads, head_dim]` f32, STORAGE) and output
     /// buffer (same shape, STORAGE) for [`KvCache::attend`].
     pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
-        self.check_query_io(q, out)?;
+        self.check_query_io(q, out, 1)?;
         Ok(AttendIo {
             bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out])?,
         })
@@ -93,7 +93,7 @@ impl KvCache {
         out: &wgpu::Buffer,
     ) -> Result<StepIo> {
         self.check_kv_inputs(k, v, n, input)?;
-        self.check_query_io(q, out)?;
+        self.check_query_io(q, out, 1)?;
         // Built here, once, so that recording a step never compiles a pipeline.
         self.pipes.step(input)?;
         let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
@@ -123,9 +123,7 @@ impl KvCache {
     ) -> Result<ChunkIo> {
         let s = &self.spec;
         self.check_kv_inputs(k, v, n, input)?;
-        let need = s.batch as u64 * n as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
-        self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
-        self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)?;
+        self.check_query_io(q, out, n)?;
         if let Some(w) = s.window
             && n > s.capacity - w + 1
         {
@@ -222,9 +220,10 @@ impl KvCache {
         self.check_buffer("v", v, need, wgpu::BufferUsages::STORAGE)
     }
 
-    fn check_query_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<()> {
+    /// Query and output buffers for `tokens` queries per sequence.
+    fn check_query_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32) -> Result<()> {
         let s = &self.spec;
-        let need = s.batch as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
+        let need = s.batch as u64 * tokens as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
         self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;
         self.check_buffer("out", out, need, wgpu::BufferUsages::STORAGE)
     }

@@ -155,8 +155,8 @@ impl KvCache {
             queries: io.append.n,
             ..self.grid_shape()
         };
-        let stores: Vec<&Bound> = io.store[layer as usize].iter().collect();
-        self.record_attention(pass, &split, &reduce, &io.io, &stores, &shape);
+        let stores = io.store[layer as usize].iter();
+        self.record_attention(pass, &split, &reduce, &io.io, stores, &shape);
         Ok(())
     }
 
@@ -208,12 +208,9 @@ impl KvCache {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.attend();
-        let stores: Vec<&Bound> = self.layers[layer as usize]
-            .iter()
-            .map(|s| &s.decode_bg)
-            .collect();
+        let stores = self.layers[layer as usize].iter().map(|s| &s.decode_bg);
         let shape = self.grid_shape();
-        self.record_attention(pass, split, reduce, &io.bind_group, &stores, &shape);
+        self.record_attention(pass, split, reduce, &io.bind_group, stores, &shape);
         Ok(())
     }
 
@@ -227,36 +224,36 @@ impl KvCache {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.step(io.input)?.clone();
         self.reserve(layer, io.n)?;
-        let stores: Vec<&Bound> = self.layers[layer as usize]
-            .iter()
-            .map(|s| &s.step_bg)
-            .collect();
+        let stores = self.layers[layer as usize].iter().map(|s| &s.step_bg);
         let shape = self.grid_shape();
-        self.record_attention(pass, &split, &reduce, &io.bind_group, &stores, &shape);
+        self.record_attention(pass, &split, &reduce, &io.bind_group, stores, &shape);
         Ok(())
     }
 
     /// The split dispatch of every storage segment (`stores`: their group-0 bind groups),
     /// then the reduce: shared by attend, the fused step and chunks, which differ in pipelines,
-    /// bind groups and queries only.
-    fn record_attention(
+    /// bind groups and queries only. (An iterator, not a collected list: this runs every
+    /// decode step and allocates nothing.)
+    fn record_attention<'a>(
         &self,
         pass: &mut impl Recorder,
         split: &wgpu::ComputePipeline,
         reduce: &wgpu::ComputePipeline,
         io: &Bound,
-        stores: &[&Bound],
+        stores: impl Iterator<Item = &'a Bound>,
         shape: &GridShape,
     ) {
         pass.set_bind_group(1, io);
         pass.set_pipeline(split);
+        let mut dispatches = 1;
         for store in stores {
             pass.set_bind_group(0, store);
             pass.dispatch(&dispatch::SPLIT, shape);
+            dispatches += 1;
         }
         pass.set_pipeline(reduce);
         pass.dispatch(&dispatch::REDUCE, shape);
-        self.ctx.counters().add_dispatches(stores.len() as u64 + 1);
+        self.ctx.counters().add_dispatches(dispatches);
     }
 
     /// What this cache's dispatch grids are evaluated on ([`crate::dispatch`]).

@@ -9,6 +9,7 @@
 mod config;
 mod module;
 mod pipelines;
+mod poison;
 mod preprocess;
 mod workgroup;
 

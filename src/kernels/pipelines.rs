@@ -254,7 +254,7 @@ pub(crate) struct Compile {
     /// kernel, 1557 in `turbo3_sym`'s), for drivers without native zeroing. On an H200,
     /// whose driver zeroes natively, leaving it out measured within ±2 % (BENCHMARKS.md, "wgpu's shader runtime checks").
     zero_init: bool,
-    /// Poison workgroup memory at every workgroup's start ([`crate::poison`]).
+    /// Poison workgroup memory at every workgroup's start (`kernels/poison.rs`).
     poison: bool,
 }
 
@@ -269,7 +269,7 @@ fn build<const N: usize>(
     entries: [&str; N],
 ) -> Result<[wgpu::ComputePipeline; N]> {
     let src = if compile.poison {
-        crate::poison::poison_workgroup_memory(&src)?
+        super::poison::poison_workgroup_memory(&src)?
     } else {
         src
     };

@@ -11,13 +11,7 @@ use crate::error::{KvqError, Result};
 /// the 12 KiB cliff).
 pub(crate) fn workgroup_bytes(src: &str, entry: &str) -> Result<WorkgroupBytes> {
     let err = |what: String| KvqError::Gpu(format!("reading kvq's workgroup memory: {what}"));
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| err(e.emit_to_string(src)))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| err(format!("{e:?}")))?;
+    let (module, info) = analyse(src).map_err(err)?;
     let i = module
         .entry_points
         .iter()
@@ -34,6 +28,21 @@ pub(crate) fn workgroup_bytes(src: &str, entry: &str) -> Result<WorkgroupBytes> 
         bytes.webgpu += size.next_multiple_of(16);
     }
     Ok(bytes)
+}
+
+/// `src` parsed and validated by naga: the module and its analysis (which global each entry
+/// point uses), or the error as text.
+pub(crate) fn analyse(
+    src: &str,
+) -> std::result::Result<(naga::Module, naga::valid::ModuleInfo), String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{e:?}"))?;
+    Ok((module, info))
 }
 
 /// An entry point's workgroup memory in bytes.

@@ -44,13 +44,7 @@ fn poison_value(types: &naga::UniqueArena<Type>, ty: Handle<Type>) -> Option<Str
 /// followed by a barrier. Every kvq entry point with more than one invocation takes
 /// `local_invocation_index`; the prologue splits the stores among the invocations with it.
 pub(crate) fn poison_workgroup_memory(src: &str) -> Result<String> {
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| err(e.emit_to_string(src)))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| err(format!("{e:?}")))?;
+    let (module, info) = super::workgroup::analyse(src).map_err(err)?;
     let mut out = src.to_string();
     for (i, ep) in module.entry_points.iter().enumerate() {
         let uses = info.get_entry_point(i);
