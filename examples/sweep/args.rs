@@ -7,7 +7,7 @@ use crate::codec_list::split_codecs;
 
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--batch B] [--queries 1,4,8] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
+             [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
              [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
@@ -40,6 +40,9 @@ pub struct Args {
     /// New tokens per sequence a step appends and attends, one run of every point per value
     /// (`--queries`; 1: a decode step, more: a chunk, `KvCache::chunk`).
     pub queries: Vec<u32>,
+    /// Interleaved rounds: every point of a context (all codecs and queries) is measured once
+    /// a round, and a point reports the median of its round medians with their spread.
+    pub rounds: usize,
     pub steps: Option<usize>,
     pub warmup: usize,
     /// Milliseconds of back-to-back attends before each point's warm-up (None: 300 on a GPU).
@@ -70,6 +73,10 @@ impl Args {
     }
 }
 
+/// Rounds by default: three round medians give a median that one slow round cannot move,
+/// and a spread that shows it.
+pub const ROUNDS: usize = 3;
+
 impl Default for Args {
     fn default() -> Args {
         Args {
@@ -78,6 +85,7 @@ impl Default for Args {
             codecs: vec!["none".into()],
             batch: 1,
             queries: vec![1],
+            rounds: ROUNDS,
             steps: None,
             warmup: 5,
             busy_ms: None,
@@ -144,6 +152,12 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         "--codecs" => a.codecs = split_codecs(&val),
         "--steps" => a.steps = Some(num(&val)? as usize),
         "--warmup" => a.warmup = num(&val)? as usize,
+        "--rounds" => {
+            a.rounds = num(&val)? as usize;
+            if a.rounds == 0 {
+                return Err("--rounds must be at least 1".into());
+            }
+        }
         "--busy" => a.busy_ms = Some(num(&val)?),
         "--splits" => a.splits = Some(num(&val)?),
         "--batch" => {

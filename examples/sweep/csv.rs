@@ -7,7 +7,7 @@ use crate::plot::{Point, plot_title};
 use crate::probe::PeakBandwidth;
 use crate::report::{Derived, fmt_opt};
 
-const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries\n";
+const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy\n";
 
 /// The whole CSV text: the header, then one line per row.
 pub fn text(
@@ -20,7 +20,7 @@ pub fn text(
     let mut csv = String::from(HEADER);
     for (r, d) in rows.iter().zip(derived) {
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{}\n",
             field(&r.codec),
             model,
             r.ctx,
@@ -42,7 +42,10 @@ pub fn text(
             r.splits,
             wait.name(),
             r.batch,
-            r.queries
+            r.queries,
+            r.rounds.len(),
+            r.spread(),
+            r.noisy()
         );
     }
     csv

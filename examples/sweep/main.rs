@@ -88,56 +88,91 @@ fn main() {
     }
 }
 
-/// Every (context, queries, codec) point, contexts outermost: one line each as it ends
-/// (measured, skipped or failed), and the measured rows in that order.
+/// Every (context, queries, codec) point, contexts outermost, in `args.rounds` interleaved
+/// rounds: all points of a context run once, then again, so a slow stretch of the GPU (a
+/// clock ramp, another process) lands in one round of many points, not in every round of one.
+/// One line each as a run ends (measured, skipped or failed); the measured rows, each merged
+/// over its rounds, in point order.
 fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
-    let total = plan.codecs.len() * plan.ctxs.len() * args.queries.len();
+    let total = plan.codecs.len() * plan.ctxs.len() * args.queries.len() * args.rounds;
     let progress = Progress::new(total);
-    let points = plan
-        .ctxs
-        .iter()
-        .flat_map(|&c| args.queries.iter().map(move |&n| (c, n)));
-    for (c, n) in points {
-        for (name, codecs) in &plan.codecs {
-            let label = measure::label(name, n);
-            let t = Instant::now();
-            let result = match plan.over_budget(*codecs, c, n, args) {
-                Some(why) => Err(Skip::Skipped(why)),
-                None => PointRun {
-                    ctx,
-                    model: plan.model,
-                    args,
-                    steps: plan.steps,
-                    progress: &progress,
-                    name,
-                    codecs: *codecs,
-                    context: c,
-                    queries: n,
-                }
-                .run(),
-            };
-            match result {
-                Ok(r) => {
-                    progress.line(format!(
-                        "[{}/{total}] {label} ctx {c}: {:.3} ms/step, {} on the device ({:.1} s)",
-                        rows.len() + 1,
-                        r.step_ms,
-                        fmt_bytes(r.mem.total()),
-                        t.elapsed().as_secs_f64()
-                    ));
-                    rows.push(r);
-                }
-                Err(Skip::Skipped(why)) => {
-                    progress.line(format!("skipped ctx={c} codec={label}: {why}"))
-                }
-                Err(Skip::Failed(why)) => {
-                    progress.line(format!("failed ctx={c} codec={label}: {why}"))
+    let mut done = 0;
+    for &c in &plan.ctxs {
+        // Per (queries, codec) of this context: its rows of the rounds so far.
+        let mut runs: Vec<Vec<Row>> = Vec::new();
+        for round in 1..=args.rounds {
+            let mut at = 0;
+            for &n in &args.queries {
+                for (name, codecs) in &plan.codecs {
+                    let run = run_point(ctx, plan, args, &progress, (name, *codecs), c, n);
+                    done += 1;
+                    if let Some(r) = run {
+                        progress.line(format!(
+                            "[{done}/{total}] round {round}/{}: {} ctx {c}: {:.3} ms/step, {} on the device",
+                            args.rounds,
+                            measure::label(name, n),
+                            r.step_ms,
+                            fmt_bytes(r.mem.total()),
+                        ));
+                        if runs.len() <= at {
+                            runs.resize_with(at + 1, Vec::new);
+                        }
+                        runs[at].push(r);
+                    }
+                    at += 1;
+                    progress.point_done();
                 }
             }
-            progress.point_done();
         }
+        rows.extend(runs.into_iter().filter(|r| !r.is_empty()).map(Row::merge));
     }
     progress.finish();
     rows
+}
+
+/// One run of one point: its row, or None after a line saying why it was skipped or failed.
+fn run_point(
+    ctx: &GpuContext,
+    plan: &Plan,
+    args: &Args,
+    progress: &Progress,
+    (name, codecs): (&str, kvq::KvCodecs),
+    c: u32,
+    n: u32,
+) -> Option<Row> {
+    let label = measure::label(name, n);
+    let t = Instant::now();
+    let result = match plan.over_budget(codecs, c, n, args) {
+        Some(why) => Err(Skip::Skipped(why)),
+        None => PointRun {
+            ctx,
+            model: plan.model,
+            args,
+            steps: plan.steps,
+            progress,
+            name,
+            codecs,
+            context: c,
+            queries: n,
+        }
+        .run(),
+    };
+    match result {
+        Ok(r) => {
+            progress.status(format!(
+                "{label} ctx {c}: {:.1} s",
+                t.elapsed().as_secs_f64()
+            ));
+            Some(r)
+        }
+        Err(Skip::Skipped(why)) => {
+            progress.line(format!("skipped ctx={c} codec={label}: {why}"));
+            None
+        }
+        Err(Skip::Failed(why)) => {
+            progress.line(format!("failed ctx={c} codec={label}: {why}"));
+            None
+        }
+    }
 }

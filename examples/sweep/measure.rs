@@ -40,6 +40,49 @@ pub struct Row {
     pub batch: u32,
     /// New tokens per sequence per step.
     pub queries: u32,
+    /// The point's figure (GPU ms where timed, else step ms) in each round, in round order:
+    /// the timing fields above are the medians of the rounds' medians.
+    pub rounds: Vec<f64>,
+}
+
+/// Rounds of a point whose figures spread (max - min over their median) by more than this
+/// are flagged in the table and the CSV: the point cannot be told from noise.
+pub const NOISY_SPREAD: f64 = 0.10;
+
+impl Row {
+    /// (max - min) / median of the round figures: 0 for one round.
+    pub fn spread(&self) -> f64 {
+        let mut v = self.rounds.clone();
+        let mid = median(&mut v);
+        let (lo, hi) = (v[0], v[v.len() - 1]);
+        if mid > 0.0 { (hi - lo) / mid } else { 0.0 }
+    }
+
+    /// Whether the rounds disagree by more than [`NOISY_SPREAD`].
+    pub fn noisy(&self) -> bool {
+        self.spread() > NOISY_SPREAD
+    }
+
+    /// One row from the same point's rows of several rounds (in round order): every timing
+    /// the median over the rounds, the rest as the first round measured it.
+    pub fn merge(mut rounds: Vec<Row>) -> Row {
+        let figures: Vec<f64> = rounds.iter().flat_map(|r| r.rounds.clone()).collect();
+        let mid = |f: &dyn Fn(&Row) -> f64| median(&mut rounds.iter().map(f).collect::<Vec<_>>());
+        let step_ms = mid(&|r| r.step_ms);
+        let record_ms = mid(&|r| r.record_ms);
+        let wall_ms = mid(&|r| r.wall_ms);
+        let gpu_ms = rounds[0]
+            .gpu_ms
+            .is_some()
+            .then(|| mid(&|r| r.gpu_ms.unwrap_or(f64::NAN)));
+        let mut row = rounds.swap_remove(0);
+        row.step_ms = step_ms;
+        row.record_ms = record_ms;
+        row.wall_ms = wall_ms;
+        row.gpu_ms = gpu_ms;
+        row.rounds = figures;
+        row
+    }
 }
 
 impl Row {
@@ -227,6 +270,7 @@ impl PointRun<'_> {
             splits: l.splits,
             batch: args.batch,
             queries: self.queries,
+            rounds: vec![t.gpu_ms.unwrap_or(t.host_ms)],
         })
     }
 

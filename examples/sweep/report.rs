@@ -4,7 +4,7 @@
 use kvq::memory::fmt_bytes;
 
 use crate::args::Wait;
-use crate::measure::Row;
+use crate::measure::{NOISY_SPREAD, Row};
 use crate::probe::PeakBandwidth;
 use crate::timing::gbps;
 
@@ -60,6 +60,18 @@ pub fn print(rows: &[Row], derived: &[Derived], peak: Option<&PeakBandwidth>, wa
         "step_ms: host clock around submit + wait ({}), the step recorded beforehand; record_ms: the recording",
         wait.name()
     );
+    let rounds = rows.first().map_or(1, |r| r.rounds.len());
+    let noisy = rows.iter().filter(|r| r.noisy()).count();
+    println!(
+        "timings: the median of {rounds} interleaved rounds' medians; spread: (max - min) / median of the rounds' {} ms, '!' past {:.0} % ({noisy} of {} points)",
+        if rows.iter().any(|r| r.gpu_ms.is_some()) {
+            "GPU"
+        } else {
+            "step"
+        },
+        100.0 * NOISY_SPREAD,
+        rows.len()
+    );
     if let Some(p) = peak {
         println!(
             "GB/s: K/V bytes a step must read over its GPU time (host time where untimed); %peak: that over {:.1} GB/s, the adapter's streaming read bandwidth ({})",
@@ -71,7 +83,7 @@ pub fn print(rows: &[Row], derived: &[Derived], peak: Option<&PeakBandwidth>, wa
 
 fn print_table(rows: &[Row], derived: &[Derived]) {
     println!(
-        "\n{:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>5} {:>5} {:>6} {:>5} {:>10}",
+        "\n{:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>7} {:>5} {:>5} {:>6} {:>5} {:>10}",
         "codec",
         "ctx",
         "step_ms",
@@ -81,6 +93,7 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
         "GB/s",
         "%peak",
         "vs_none",
+        "spread",
         "bitsK",
         "bitsV",
         "host_B",
@@ -89,7 +102,7 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
     );
     for (r, d) in rows.iter().zip(derived) {
         println!(
-            "{:<22} {:>7} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6} {:>7} {:>5.2} {:>5.2} {:>6.0} {:>5.0} {:>10}",
+            "{:<22} {:>7} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6} {:>7} {:>7} {:>5.2} {:>5.2} {:>6.0} {:>5.0} {:>10}",
             r.label(),
             r.ctx,
             r.step_ms,
@@ -99,6 +112,11 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
             d.gbps,
             fmt_opt(d.frac.map(|f| 100.0 * f), 1),
             fmt_opt(d.ratio, 3),
+            format!(
+                "{:.1}%{}",
+                100.0 * r.spread(),
+                if r.noisy() { "!" } else { "" }
+            ),
             r.bits_k,
             r.bits_v,
             r.host_bytes,

@@ -115,10 +115,15 @@ pub fn submit_and_wait(
     Ok(())
 }
 
-/// The middle value (the upper one of an even count); sorts `v`.
+/// The middle value (the mean of the middle two of an even count); sorts `v`.
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// A duration in milliseconds, the unit of every time the sweep reports.
