@@ -24,6 +24,9 @@ pub enum GridTerm {
     /// Queries per sequence of the call: 1 for a decode step or attend, `n` for a chunk of
     /// `n` new tokens ([`crate::KvCache::chunk`]).
     Queries,
+    /// A chunk's split workgroups per KV head and split: `ceil(queries / chunk_queries)`, each
+    /// serving `chunk_queries` of its new tokens (1 outside a chunk).
+    QueryGroups,
 }
 
 impl GridTerm {
@@ -37,6 +40,7 @@ impl GridTerm {
             GridTerm::SplitsPlusOne => "splits + 1",
             GridTerm::WideGroups => "wide_groups",
             GridTerm::Queries => "queries",
+            GridTerm::QueryGroups => "query_groups",
         }
     }
 
@@ -50,6 +54,7 @@ impl GridTerm {
             GridTerm::SplitsPlusOne => s.splits + 1,
             GridTerm::WideGroups => s.wide_groups,
             GridTerm::Queries => s.queries,
+            GridTerm::QueryGroups => s.query_groups,
         }
     }
 }
@@ -69,6 +74,8 @@ pub struct GridShape {
     pub wide_groups: u32,
     /// [`GridTerm::Queries`] of the call (1 outside a chunk).
     pub queries: u32,
+    /// [`GridTerm::QueryGroups`] of the call (1 outside a chunk).
+    pub query_groups: u32,
 }
 
 /// How one entry point is dispatched: its grid and when.
@@ -116,14 +123,26 @@ pub const APPEND_COMMIT: Dispatch = Dispatch {
     when: "once after every segment's append_wide (same group-0 bind group as the last one)",
 };
 
-/// Decode attention (and the fused step's append): one workgroup per KV head of each sequence,
-/// split and query; split 0 of each row attends the step's new tokens.
+/// Decode attention (and the fused step's append): one workgroup per KV head of each sequence
+/// and split; split 0 of each row attends the step's new tokens.
 pub const SPLIT: Dispatch = Dispatch {
     entry: "split",
     grid: [
         GridTerm::KvHeadsBatch,
         GridTerm::SplitsPlusOne,
-        GridTerm::Queries,
+        GridTerm::One,
+    ],
+    when: "once per storage segment of the layer",
+};
+
+/// A chunk's attention: one workgroup per KV head of each sequence, split and group of
+/// `chunk_queries` new tokens.
+pub const CHUNK_SPLIT: Dispatch = Dispatch {
+    entry: "split",
+    grid: [
+        GridTerm::KvHeadsBatch,
+        GridTerm::SplitsPlusOne,
+        GridTerm::QueryGroups,
     ],
     when: "once per storage segment of the layer",
 };
@@ -145,7 +164,11 @@ mod tests {
 
     #[test]
     fn rules_read_as_their_terms() {
-        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, queries)");
+        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, 1)");
+        assert_eq!(
+            CHUNK_SPLIT.formula(),
+            "(kv_heads * batch, splits + 1, query_groups)"
+        );
         let s = GridShape {
             batch: 3,
             q_heads: 16,
@@ -153,8 +176,10 @@ mod tests {
             splits: 7,
             wide_groups: 9,
             queries: 5,
+            query_groups: 2,
         };
-        assert_eq!(SPLIT.workgroups(&s), [12, 8, 5]);
+        assert_eq!(SPLIT.workgroups(&s), [12, 8, 1]);
+        assert_eq!(CHUNK_SPLIT.workgroups(&s), [12, 8, 2]);
         assert_eq!(REDUCE.workgroups(&s), [16, 3, 5]);
         assert_eq!(APPEND_WIDE.workgroups(&s), [9, 3, 1]);
     }

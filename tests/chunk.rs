@@ -108,6 +108,13 @@ fn chunks_of_f16_and_int_codecs_match_the_reference() {
 }
 
 #[test]
+fn chunks_whose_workgroups_serve_several_new_tokens_match_the_reference() {
+    // A split workgroup serves 8 / GQA new tokens' rows (2 here): chunks of odd lengths end
+    // in a workgroup with one, and the causal diagonal crosses the split tiles; batch 3.
+    check(spec("k_rotor3", 128, 8, 2, 3, 300), 64, &[3, 8, 1]);
+}
+
+#[test]
 fn chunks_of_rotated_and_qjl_codecs_match_the_reference() {
     check(spec("turbo3_sym", 96, 7, 1, 1, 300), 40, &[2, 17]);
     check(spec("k=iso3b+qjl,v=rotor4", 64, 4, 2, 2, 800), 3, &[5, 600]);

@@ -99,7 +99,7 @@ function compare(check, got) {
 }
 
 // One grid term of the manifest (an entry point's `grid`), over the plan's grid_shape and a
-// dispatch's wide_groups and queries.
+// dispatch's wide_groups, queries and query_groups.
 function termValue(term, shape, d) {
   switch (term) {
     case '1': return 1;
@@ -109,6 +109,7 @@ function termValue(term, shape, d) {
     case 'splits + 1': return shape.splits + 1;
     case 'wide_groups': return d.wide_groups;
     case 'queries': return d.queries;
+    case 'query_groups': return d.query_groups;
     default: throw new Error(`a grid term this harness does not know: ${term}`);
   }
 }

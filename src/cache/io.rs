@@ -52,6 +52,8 @@ pub struct ChunkIo {
     pub(super) io: Bound,
     /// Per layer, per storage segment: the decode store bind group over this chunk's scratch.
     pub(super) store: Vec<Vec<Bound>>,
+    /// Split workgroups per KV head and split: `ceil(n / chunk_queries)`.
+    pub(super) query_groups: u32,
 }
 
 impl ChunkIo {

@@ -157,7 +157,12 @@ impl KvCache {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })?;
-        let io = self.bind("kvq chunk io", &self.pipes.decode_io, &[q, out])?;
+        // The append's parameters hold n, which the split kernel reads too.
+        let io = self.bind(
+            "kvq chunk io",
+            &self.pipes.chunk_io,
+            &[q, out, &append.params],
+        )?;
         let mut store = Vec::with_capacity(self.layers.len());
         for segs in &self.layers {
             let mut groups = Vec::with_capacity(segs.len());
@@ -169,7 +174,13 @@ impl KvCache {
             }
             store.push(groups);
         }
-        Ok(ChunkIo { append, io, store })
+        let query_groups = n.div_ceil(self.cfg.chunk_queries());
+        Ok(ChunkIo {
+            append,
+            io,
+            store,
+            query_groups,
+        })
     }
 
     fn check_buffer(

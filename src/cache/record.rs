@@ -129,9 +129,10 @@ impl KvCache {
     ///
     /// For drafts and prompts: a speculative verify of `n` drafted tokens is one chunk, then
     /// [`KvCache::truncate`] drops the rejected ones. The attention is the split-K decode
-    /// kernel run once per new token (the grid's third dimension), so a chunk reads the
-    /// stored K/V once per new token: on an H200 (qwen3-8b, 32k) a chunk of 4 took 3.4-5.3
-    /// single steps' GPU time and one of 8 6.3-10.2 (BENCHMARKS.md, "Chunks").
+    /// kernel with the query rows of several new tokens per workgroup (8 rows: 2 tokens at GQA
+    /// 4, 8 at GQA 1), so a chunk reads the stored K/V once per workgroup's tokens, not once per
+    /// token; each row still reads its query once per key, which is what bounds it on an H200
+    /// (BENCHMARKS.md, "Chunks").
     pub fn chunk_in_pass(
         &mut self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -153,10 +154,12 @@ impl KvCache {
         self.record_append(pass, layer, &io.append)?;
         let shape = GridShape {
             queries: io.append.n,
+            query_groups: io.query_groups,
             ..self.grid_shape()
         };
         let stores = io.store[layer as usize].iter();
-        self.record_attention(pass, &split, &reduce, &io.io, stores, &shape);
+        let rule = &dispatch::CHUNK_SPLIT;
+        self.record_attention(pass, (&split, rule), &reduce, &io.io, stores, &shape);
         Ok(())
     }
 
@@ -210,6 +213,7 @@ impl KvCache {
         let [split, reduce] = self.pipes.attend();
         let stores = self.layers[layer as usize].iter().map(|s| &s.decode_bg);
         let shape = self.grid_shape();
+        let split = (split, &dispatch::SPLIT);
         self.record_attention(pass, split, reduce, &io.bind_group, stores, &shape);
         Ok(())
     }
@@ -226,29 +230,30 @@ impl KvCache {
         self.reserve(layer, io.n)?;
         let stores = self.layers[layer as usize].iter().map(|s| &s.step_bg);
         let shape = self.grid_shape();
-        self.record_attention(pass, &split, &reduce, &io.bind_group, stores, &shape);
+        let split = (&split, &dispatch::SPLIT);
+        self.record_attention(pass, split, &reduce, &io.bind_group, stores, &shape);
         Ok(())
     }
 
-    /// The split dispatch of every storage segment (`stores`: their group-0 bind groups),
-    /// then the reduce: shared by attend, the fused step and chunks, which differ in pipelines,
-    /// bind groups and queries only. (An iterator, not a collected list: this runs every
+    /// The split dispatch of every storage segment (`stores`: their group-0 bind groups; `split`:
+    /// the pipeline and its grid rule), then the reduce: shared by attend, the fused step and
+    /// chunks, which differ in pipelines, bind groups and queries only. (An iterator, not a collected list: this runs every
     /// decode step and allocates nothing.)
     fn record_attention<'a>(
         &self,
         pass: &mut impl Recorder,
-        split: &wgpu::ComputePipeline,
+        split: (&wgpu::ComputePipeline, &Dispatch),
         reduce: &wgpu::ComputePipeline,
         io: &Bound,
         stores: impl Iterator<Item = &'a Bound>,
         shape: &GridShape,
     ) {
         pass.set_bind_group(1, io);
-        pass.set_pipeline(split);
+        pass.set_pipeline(split.0);
         let mut dispatches = 1;
         for store in stores {
             pass.set_bind_group(0, store);
-            pass.dispatch(&dispatch::SPLIT, shape);
+            pass.dispatch(split.1, shape);
             dispatches += 1;
         }
         pass.set_pipeline(reduce);
@@ -265,6 +270,7 @@ impl KvCache {
             splits: self.layout.splits,
             wide_groups: 0,
             queries: 1,
+            query_groups: 1,
         }
     }
 

@@ -53,6 +53,8 @@ pub struct PlanDispatch {
     pub wide_groups: u32,
     /// [`GridShape::queries`] of the call (1 but for a chunk of several new tokens).
     pub queries: u32,
+    /// [`GridShape::query_groups`] of the call (1 but for a chunk of several new tokens).
+    pub query_groups: u32,
 }
 
 /// A compute pass of a [`ReplayPlan`] (one per kvq call: an append, an attend, a step).

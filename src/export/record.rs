@@ -165,6 +165,7 @@ impl PlanRecorder {
             workgroups,
             wide_groups: 0,
             queries: 1,
+            query_groups: 1,
         });
         Ok(())
     }
@@ -194,6 +195,7 @@ impl Recorder for PlanRecorder {
         if let Some(d) = self.passes.last_mut().and_then(|p| p.dispatches.last_mut()) {
             d.wide_groups = shape.wide_groups;
             d.queries = shape.queries;
+            d.query_groups = shape.query_groups;
         }
     }
 }

@@ -5,6 +5,7 @@ use super::module::{InputType, KernelModule};
 use super::preprocess::{self, Defines, Value};
 use super::workgroup;
 use crate::codec::{Codec, CodecKind, FAMILIES, ScaleMode, lloyd, rotation};
+use crate::context::WORKGROUP_MEMORY_NEEDED;
 use crate::error::{KvqError, Result};
 
 /// Tokens per K interleave block (`KB` in the WGSL): K rows are stored interleaved chunk by
@@ -137,13 +138,17 @@ impl KernelConfig {
     /// The table of constants every module of this configuration is assembled against (and
     /// emits as WGSL `const`s): the one place a number the kernels use is decided.
     fn defines(&self) -> Defines {
-        self.defines_with(self.kv_joint())
+        self.defines_with(self.kv_joint(), 1)
     }
 
-    /// [`Self::defines`] with K's encoder encoding V too or not ([`Self::kv_joint`]).
-    /// (Only for a configuration [`Self::check`] accepts: the layouts exist.)
-    fn defines_with(&self, joint: bool) -> Defines {
+    /// [`Self::defines`] with K's encoder encoding V too or not ([`Self::kv_joint`]), and
+    /// `cq` new tokens of a chunk per split workgroup (`CQ`; 1 but for the chunk module,
+    /// [`Self::chunk_queries`]). (Only for a configuration [`Self::check`] accepts: the
+    /// layouts exist.)
+    fn defines_with(&self, joint: bool, cq: u32) -> Defines {
         let er = self.encode_rows_with(joint);
+        // The query rows of a split workgroup: the GQA group's heads times the chunk's tokens.
+        let rows = self.gqa * cq;
         let mut h = Defines::default();
         let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
         for f in &FAMILIES {
@@ -151,6 +156,8 @@ impl KernelConfig {
         }
         c("D", self.head_dim);
         c("G", self.gqa);
+        c("CQ", cq);
+        c("GR", rows);
         c("KVH", self.kv_heads);
         c("QH", self.kv_heads * self.gqa);
         c("B", self.batch);
@@ -165,11 +172,12 @@ impl KernelConfig {
         c("WG", self.workgroup);
         c("KU", k_unroll(self.head_dim));
         c("VU", V_UNROLL);
-        c("VB", self.v_batch());
-        c("VBF", self.v_batch_full());
+        // A chunk's rows take the registers a decode's V batch has in flight.
+        c("VB", (self.v_batch() / cq).max(1));
+        c("VBF", (self.v_batch_full() / cq).max(1));
         c("KCG", CODE_GROUPS);
         c("KTG", self.k_tail_groups());
-        c("QV", self.query_values());
+        c("QV", self.query_values(rows));
         c("K_CHUNKS", self.k.row_words(self.head_dim) / 4);
         c("KB", K_BLOCK);
         let cst = self.constant_offsets();
@@ -220,22 +228,15 @@ impl KernelConfig {
             if self.k.kind.is_rotated() {
                 1
             } else {
-                self.gqa * self.head_dim / 4
+                rows * self.head_dim / 4
             },
         );
-        c(
-            "SQN",
-            if self.k.qjl {
-                self.gqa * self.head_dim
-            } else {
-                4
-            },
-        );
+        c("SQN", if self.k.qjl { rows * self.head_dim } else { 4 });
         c("RW", self.rot_width());
         c("ER", er);
         h.constant("KV_JOINT", Value::Bool(joint));
         let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
-        c("RROWS", self.gqa.max(er));
+        c("RROWS", rows.max(er));
         c("DIAG_N", self.diag_len());
         c("SIDE_MAX", self.side_max());
         h.constant(
@@ -249,7 +250,31 @@ impl KernelConfig {
     /// The WGSL of `module` for this configuration.
     pub fn module_source(&self, module: KernelModule) -> Result<String> {
         self.check()?;
-        self.module_source_with(module, self.defines())
+        let defines = match module {
+            KernelModule::Chunk => self.defines_with(self.kv_joint(), self.chunk_queries()),
+            _ => self.defines(),
+        };
+        self.module_source_with(module, defines)
+    }
+
+    /// New tokens of a chunk each split workgroup serves (`CQ`): its `gqa * CQ` query rows
+    /// share every K/V tile it reads and decodes, so a chunk of `n` reads the store
+    /// `ceil(n / CQ)` times, not `n`. At most [`CHUNK_ROWS`] rows, and the module's workgroup
+    /// memory within the 32 KiB kvq asks of an adapter.
+    pub(crate) fn chunk_queries(&self) -> u32 {
+        let mut cq = (CHUNK_ROWS / self.gqa).max(1);
+        while cq > 1 && !self.chunk_fits(cq) {
+            cq -= 1;
+        }
+        cq
+    }
+
+    /// Whether the chunk module with `cq` tokens per workgroup assembles within
+    /// [`WORKGROUP_MEMORY_NEEDED`] bytes of workgroup memory (as WebGPU counts them).
+    fn chunk_fits(&self, cq: u32) -> bool {
+        self.module_source_with(KernelModule::Chunk, self.defines_with(self.kv_joint(), cq))
+            .and_then(|src| workgroup::workgroup_bytes(&src, "split"))
+            .is_ok_and(|b| b.webgpu <= WORKGROUP_MEMORY_NEEDED)
     }
 
     fn module_source_with(&self, module: KernelModule, mut defines: Defines) -> Result<String> {
@@ -361,15 +386,15 @@ impl KernelConfig {
     }
 
     /// Query tasks each decode invocation loads (and rotates) for a rotated K (`$r` lines):
-    /// per head of the group, a rotor's groups of 3 coordinates, else the vec4s of its padded
-    /// `rot_sh` row (wgsl/kernels/attention.wgsl, `query_task`).
-    fn query_values(&self) -> u32 {
+    /// per query row (`rows` of them), a rotor's groups of 3 coordinates, else the vec4s of
+    /// its padded `rot_sh` row (wgsl/kernels/attention.wgsl, `query_task`).
+    fn query_values(&self, rows: u32) -> u32 {
         let tasks = match self.k.kind {
             CodecKind::Rotor if !self.k.qjl => self.head_dim.div_ceil(3),
             k if k.is_rotated() => self.rot_width() / 4,
             _ => return 1,
         };
-        (self.gqa * tasks).div_ceil(self.workgroup)
+        (rows * tasks).div_ceil(self.workgroup)
     }
 
     /// Floats of turbo's diagonal kept in workgroup memory (`diag_sh`): D per turbo side, 1
@@ -426,7 +451,7 @@ impl KernelConfig {
         let fits = || {
             self.check().is_ok()
                 && self
-                    .split_memory(self.defines_with(true))
+                    .split_memory(self.defines_with(true, 1))
                     .is_ok_and(|b| b.exact <= 12 * 1024)
         };
         same && (256 / self.rot_width() >= 2 || fits())
@@ -550,6 +575,14 @@ pub(crate) fn k_unroll(head_dim: u32) -> u32 {
         chunks.min(4)
     }
 }
+
+/// Query rows a chunk's split workgroup serves at most ([`KernelConfig::chunk_queries`]).
+/// Every row keeps its output accumulators in registers and reads its query from workgroup
+/// memory once per key, so the rows trade fewer store reads against registers and shared
+/// loads. H200, qwen3-8b (GQA 4), chunks of 4 and 8 over 4k and 32k (BENCHMARKS.md, "Chunks"):
+/// 8 rows (2 tokens a workgroup) ran 3-25 % faster than 4 (one token) and 4-60 % faster than
+/// 16.
+pub(crate) const CHUNK_ROWS: u32 = 8;
 
 /// Loads a thread issues together before using them in the QJL projection (`$v` lines of
 /// kernels/attention.wgsl, `VU`).

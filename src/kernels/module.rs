@@ -15,8 +15,9 @@ pub enum KernelModule {
     /// The fused decode step (`split` also appends the new rows, `reduce` commits the
     /// length), reading the caller's K/V input of this element type.
     Step(InputType),
-    /// Attention of a chunk of new tokens, already appended (`split`, `reduce`, the query
-    /// the grid's third dimension): the decode kernels with a causal offset per query.
+    /// Attention of a chunk of new tokens, already appended (`split`, `reduce`): the decode
+    /// kernels with several new tokens' queries per split workgroup, each with its causal
+    /// end, and the query the reduce grid's third dimension.
     Chunk,
 }
 
@@ -69,7 +70,8 @@ impl KernelModule {
     pub(crate) fn layouts(self) -> [LayoutTable; 2] {
         match self {
             KernelModule::Append(_) => [APPEND_STORE, APPEND_INPUT],
-            KernelModule::Decode | KernelModule::Chunk => [DECODE_STORE, DECODE_IO],
+            KernelModule::Decode => [DECODE_STORE, DECODE_IO],
+            KernelModule::Chunk => [DECODE_STORE, CHUNK_IO],
             KernelModule::Step(_) => [STEP_STORE, STEP_IO],
         }
     }
@@ -79,9 +81,8 @@ impl KernelModule {
         use crate::dispatch as d;
         match self {
             KernelModule::Append(_) => &[&d::APPEND_SMALL, &d::APPEND_WIDE, &d::APPEND_COMMIT],
-            KernelModule::Decode | KernelModule::Step(_) | KernelModule::Chunk => {
-                &[&d::SPLIT, &d::REDUCE]
-            }
+            KernelModule::Decode | KernelModule::Step(_) => &[&d::SPLIT, &d::REDUCE],
+            KernelModule::Chunk => &[&d::CHUNK_SPLIT, &d::REDUCE],
         }
     }
 }
@@ -152,6 +153,14 @@ pub(crate) const DECODE_STORE: LayoutTable = (
     ],
 );
 pub(crate) const DECODE_IO: LayoutTable = ("kvq decode io", &[(0, RO, "query"), (1, RW, "output")]);
+pub(crate) const CHUNK_IO: LayoutTable = (
+    "kvq chunk io",
+    &[
+        (0, RO, "query"),
+        (1, RW, "output"),
+        (2, UNIFORM, "append params"),
+    ],
+);
 pub(crate) const STEP_STORE: LayoutTable = (
     "kvq step store",
     &[

@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 use crate::error::{KvqError, Result};
 use crate::kernels::config::KernelConfig;
 use crate::kernels::module::{
-    APPEND_ENTRIES, APPEND_INPUT, APPEND_STORE, ATTEND_ENTRIES, DECODE_IO, DECODE_STORE, InputType,
-    KernelModule, LayoutTable, STEP_IO, STEP_STORE,
+    APPEND_ENTRIES, APPEND_INPUT, APPEND_STORE, ATTEND_ENTRIES, CHUNK_IO, DECODE_IO, DECODE_STORE,
+    InputType, KernelModule, LayoutTable, STEP_IO, STEP_STORE,
 };
 
 /// A pipeline with its module, entry point and bind group layouts (groups 0 and 1).
@@ -33,6 +33,7 @@ pub(crate) struct Pipelines {
     pub append_input: wgpu::BindGroupLayout,
     pub decode_store: wgpu::BindGroupLayout,
     pub decode_io: wgpu::BindGroupLayout,
+    pub chunk_io: wgpu::BindGroupLayout,
     pub step_store: wgpu::BindGroupLayout,
     pub step_io: wgpu::BindGroupLayout,
     append_layout: wgpu::PipelineLayout,
@@ -45,7 +46,7 @@ pub(crate) struct Pipelines {
     step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
     /// (split, reduce) of chunks.
     chunk: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
-    decode_layout: wgpu::PipelineLayout,
+    chunk_layout: wgpu::PipelineLayout,
 }
 
 fn entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
@@ -144,7 +145,7 @@ impl Pipelines {
                     self.compile,
                     "kvq chunk",
                     src,
-                    &self.decode_layout,
+                    &self.chunk_layout,
                     ATTEND_ENTRIES,
                 )
             })
@@ -176,6 +177,7 @@ impl Pipelines {
         let append_input = layout(device, APPEND_INPUT);
         let decode_store = layout(device, DECODE_STORE);
         let decode_io = layout(device, DECODE_IO);
+        let chunk_io = layout(device, CHUNK_IO);
         let pl = |a: &wgpu::BindGroupLayout, b: &wgpu::BindGroupLayout| {
             device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: None,
@@ -185,6 +187,7 @@ impl Pipelines {
         };
         let append_layout = pl(&append_store, &append_input);
         let decode_layout = pl(&decode_store, &decode_io);
+        let chunk_layout = pl(&decode_store, &chunk_io);
         let step_store = layout(device, STEP_STORE);
         let step_io = layout(device, STEP_IO);
         let step_layout = pl(&step_store, &step_io);
@@ -209,11 +212,12 @@ impl Pipelines {
             append: Default::default(),
             step: Default::default(),
             chunk: Default::default(),
-            decode_layout,
+            chunk_layout,
             append_store,
             append_input,
             decode_store,
             decode_io,
+            chunk_io,
             step_store,
             step_io,
         })

@@ -1,4 +1,4 @@
-#unroll $g G
+#unroll $g GR
 #unroll $u KU
 // Scores of an f16 K row against q_sh: KU 16-byte chunks are loaded before any math so they
 // are all in flight at once (D is a multiple of 32).

@@ -1,4 +1,4 @@
-#unroll $g G
+#unroll $g GR
 // Scores of a q4 K row against q_sh: per 32-value block, the scale word and the 4 code words
 // are loaded together; each word holds 8 codes (two vec4 of the query).
 // The 8 codes of a q4 word as signed integers, two vec4s (codes 0-3, 4-7).

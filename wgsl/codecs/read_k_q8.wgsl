@@ -1,4 +1,4 @@
-#unroll $g G
+#unroll $g GR
 #unroll $v K_BITS
 // Scores of a q8 K row against q_sh: per 32-value block, the scale word and the 8 code words
 // are loaded together, then the integer codes are dotted with the query and scaled once.

@@ -1,4 +1,4 @@
-#unroll $g G
+#unroll $g GR
 #unroll $k KCG
 #unroll $t KTG
 // Scores of a rotated-codec K row (turbo / rotor / iso) against the rotated query in rot_sh

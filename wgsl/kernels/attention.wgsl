@@ -1,16 +1,19 @@
-// Split-K flash-decode over a layer's store: one new query per sequence.
+// Split-K flash-decode over a layer's store: one new query per sequence, or a chunk of them.
 //
 // `split`: one workgroup per (split, kv head, sequence) reads its slice of the store once and
-// serves all G query heads of the GQA group, writing a partial (max, sum, un-normalised
-// output) per query head. `reduce`: one workgroup per (query head, sequence) merges the
+// serves its GR query rows: the G query heads of the GQA group, times CQ new tokens of a
+// chunk (1 for a decode step), writing a partial (max, sum, un-normalised output) per row. `reduce`: one workgroup per (query head, sequence) merges the
 // partials. Lengths are read on the GPU, so a step needs no host data.
 //
+// Included with `scores`, `weights` and `lanes`: the workgroup arrays of the tile's scores, its
+// softmax weights and the lane merge (one array for all three in the chunk module, whose rows
+// would otherwise take three times the memory; each use is fenced from the next by a barrier).
 // Included by a module root that declares `lens` and provides the step hooks (step_tokens,
 // write_new_rows, committed_len, commit_step): kernels/decode.wgsl attends only,
 // kernels/step.wgsl also appends the step's rows and commits the length. The stores' readers
 // (k_scores, k_load_pairs, v_load, v_row_scale) come from codecs/readers.wgsl; their
 // contracts are in wgsl/README.md.
-#unroll $g G
+#unroll $g GR
 #unroll $v VU
 #unroll $w VB
 #unroll $x VBF
@@ -23,6 +26,16 @@
 @group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
+#if CHUNK
+// The chunk's append parameters (its first word: the new tokens per sequence, nq).
+struct ChunkParams {
+    n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+@group(1) @binding(2) var<uniform> chunk: ChunkParams;
+#endif
 
 // V columns: each thread owns VW consecutive values of a row (4, or 8 for a rotated V codec,
 // whose 8 codes of a thread fit in one or two words). VC columns span D, or a rotated V
@@ -33,24 +46,28 @@ const J: u32 = WG / VC;
 // as many, the (max, sum) pairs after all the output vectors.
 const PART_ML: u32 = B * QH * SPLITS_TOTAL * PV4;
 
-// The scaled query of each head of the group (a rotated K codec reads it from rot_sh).
+// The scaled query of each row (a rotated K codec reads it from rot_sh).
 var<workgroup> q_sh: array<vec4<f32>, QSH>;
 // S q per head for the QJL residual term (QJL only).
 var<workgroup> sq_sh: array<vec4<f32>, SQN / 4u>;
-var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
-// Partial tile maxima: MXP per head, each over 16 scores.
+// Partial tile maxima: MXP per row, each over 16 scores.
 const MXP: u32 = WG / 16u;
-var<workgroup> mx_sh: array<vec4<f32>, G * MXP / 4u>;
-// Softmax weights, the G heads of a token side by side (GP vec4s per token), so the V loop
-// reads a token's weights for all heads in one or two loads. A rotated V codec's row scale
-// (one per row) is folded in, so the V loop applies it once per token, not per value.
-const GP: u32 = (G + 3u) / 4u;
+var<workgroup> mx_sh: array<vec4<f32>, GR * MXP / 4u>;
+// Softmax weights ({{weights}}), the GR rows of a token side by side (GP vec4s per token), so
+// the V loop reads a token's weights for all rows in a few loads. A rotated V codec's row
+// scale (one per row) is folded in, so the V loop applies it once per token, not per value.
+const GP: u32 = (GR + 3u) / 4u;
+#if CHUNK
+var<workgroup> tile_sh: array<vec4<f32>, max(max(GR * WG / 4u, GP * WG), GR * PV4)>;
+#else
+var<workgroup> s_sh: array<vec4<f32>, G * WG / 4u>;
 var<workgroup> p_sh: array<vec4<f32>, GP * WG>;
 var<workgroup> comb: array<vec4<f32>, G * PV4>;
+#endif
 var<workgroup> len_sh: u32;
 
-// Per-query-head state lives in named registers: lines holding `$g` are repeated for each
-// head g of the group by kvq's preprocessor (`#unroll`, src/kernels/preprocess.rs), so nothing is indexed
+// Per-row state lives in named registers: lines holding `$g` are repeated for each
+// row g of the workgroup by kvq's preprocessor (`#unroll`, src/kernels/preprocess.rs), so nothing is indexed
 // dynamically (a dynamically indexed private array would spill to memory on most GPUs).
 var<private> sc$g: f32;
 
@@ -59,7 +76,7 @@ var<private> sc$g: f32;
 // unrotated query first.
 const TURBO_Q: bool = K_KIND == KIND_TURBO && !K_QJL;
 const ROTOR_Q: bool = K_KIND == KIND_ROTOR && !K_QJL;
-// The query in tasks, QT per head: a rotor group of 3 coordinates (ROTOR_Q), else a vec4 of
+// The query in tasks, QT per row: a rotor group of 3 coordinates (ROTOR_Q), else a vec4 of
 // rot_sh (4 coordinates, an iso group).
 const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
 
@@ -70,28 +87,40 @@ const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
 // on an H200 (BENCHMARKS.md, "Kernel choices, measured").
 var<private> qv$r: vec4<f32>;
 
-// Coordinate k of query head i of the group, scaled (0 past D).
-fn query_coord(b: u32, h: u32, i: u32, k: u32) -> f32 {
-    if k >= D {
+// Query heads from the first row's to row i's: row i is new token i / G of the workgroup's,
+// head i % G of the group (i itself for one query).
+fn row_head(i: u32) -> u32 {
+    return (i / G) * QH + i % G;
+}
+
+// Offset in q_in of row i, the workgroup's first query being qb (of the [B, nq] queries).
+fn query_row(qb: u32, h: u32, i: u32) -> u32 {
+    return (qb * QH + h * G + row_head(i)) * D;
+}
+
+// Coordinate k of row i, scaled (0 past D, and for the rows past a chunk's last query: the
+// workgroup has nz queries).
+fn query_coord(qb: u32, h: u32, nz: u32, i: u32, k: u32) -> f32 {
+    if k >= D || i / G >= nz {
         return 0.0;
     }
-    return q_in[(b * QH + h * G + i) * D + k] * SCALE;
+    return q_in[query_row(qb, h, i) + k] * SCALE;
 }
 
 // Query task t (see QT; zeros past the last): a rotor group rotated (xyz), or rot_sh vec4 t
 // with turbo's diagonal or iso's group matrix applied (neither with QJL).
-fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
-    if t >= G * QT {
+fn query_task(qb: u32, h: u32, nz: u32, t: u32) -> vec4<f32> {
+    if t >= GR * QT {
         return vec4<f32>(0.0);
     }
     let i = t / QT;
     let g = t % QT;
     if ROTOR_Q {
-        let x = vec4<f32>(query_coord(b, h, i, 3u * g), query_coord(b, h, i, 3u * g + 1u), query_coord(b, h, i, 3u * g + 2u), 0.0);
+        let x = vec4<f32>(query_coord(qb, h, nz, i, 3u * g), query_coord(qb, h, nz, i, 3u * g + 1u), query_coord(qb, h, nz, i, 3u * g + 2u), 0.0);
         return x * group_matrix(KIND_ROTOR, K_ROT, g);
     }
     let k = 4u * g;
-    let x = vec4<f32>(query_coord(b, h, i, k), query_coord(b, h, i, k + 1u), query_coord(b, h, i, k + 2u), query_coord(b, h, i, k + 3u));
+    let x = vec4<f32>(query_coord(qb, h, nz, i, k), query_coord(qb, h, nz, i, k + 1u), query_coord(qb, h, nz, i, k + 2u), query_coord(qb, h, nz, i, k + 3u));
     if k >= D || K_QJL {
         return x;
     }
@@ -101,26 +130,26 @@ fn query_task(b: u32, h: u32, t: u32) -> vec4<f32> {
     return x * group_matrix(KIND_ISO, K_ROT, g);
 }
 
-// The group's query (qv, loaded at kernel start) into rot_sh rows 0..G, then the QJL
-// projection S q of each head (from the unrotated query) and the K codec's rotation, in
+// The rows' queries (qv, loaded at kernel start) into rot_sh rows 0..GR, then the QJL
+// projection S q of each row (from the unrotated query) and the K codec's rotation, in
 // place, or turbo's Walsh–Hadamard transform (iso and rotor without QJL are done).
 fn rotate_query(lid: u32, b: u32, h: u32) {
     if ROTOR_Q {
         // 3 coordinates a task; the padding past the last group stays 0.
-        for (var i = lid; i < G * RW; i += WG) {
+        for (var i = lid; i < GR * RW; i += WG) {
             if i % RW >= 3u * QT { rs_set(i, 0.0); }
         }
         // (Each `$r` line is repeated on its own.)
         let t$r = lid + $ru * WG;
         let at$r = (t$r / QT) * RW + 3u * (t$r % QT);
-        if t$r < G * QT { rs_set(at$r, qv$r.x); rs_set(at$r + 1u, qv$r.y); rs_set(at$r + 2u, qv$r.z); }
+        if t$r < GR * QT { rs_set(at$r, qv$r.x); rs_set(at$r + 1u, qv$r.y); rs_set(at$r + 2u, qv$r.z); }
     } else {
-        if lid + $ru * WG < G * QT { rot_sh[lid + $ru * WG] = qv$r; }
+        if lid + $ru * WG < GR * QT { rot_sh[lid + $ru * WG] = qv$r; }
     }
     workgroupBarrier();
     if K_QJL {
         // One pass over S (stored transposed: neighbouring j, neighbouring words) serves
-        // every head of the group.
+        // every row.
         for (var j = lid; j < D; j += WG) {
             var acc$g = 0.0;
             // The query is read a vec4 at a time (D is a multiple of 32): read a value at a
@@ -136,45 +165,59 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
         workgroupBarrier();
     }
     if TURBO_Q {
-        fwht(G, lid, WG);
+        fwht(GR, lid, WG);
     } else if K_QJL {
-        rotate_rows(K_KIND, K_ROT, G, lid, WG, false);
+        rotate_rows(K_KIND, K_ROT, GR, lid, WG, false);
     }
 }
 
+// Row g's partial: pi is the first row's partial index.
 fn write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, acc2: vec4<f32>, m: f32, l: f32) {
-    part[(pi + g * SPLITS_TOTAL) * PV4 + c * (VW / 4u)] = acc;
+    let at = pi + row_head(g) * SPLITS_TOTAL;
+    part[at * PV4 + c * (VW / 4u)] = acc;
     if VW == 8u {
-        part[(pi + g * SPLITS_TOTAL) * PV4 + c * 2u + 1u] = acc2;
+        part[at * PV4 + c * 2u + 1u] = acc2;
     }
     if c == 0u {
-        part[ml + pi + g * SPLITS_TOTAL] = vec4<f32>(m, l, 0.0, 0.0);
+        part[ml + at] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }
 
-// Dispatch (KVH * B, NSPLIT + 1, nq) per segment: the workgroups of split 0 (the new tokens of
-// a fused step, which have rows to encode, and a short tail of the stored ones) come first in
-// dispatch order, so they start first. z: the query of a chunk of nq new tokens per sequence
-// (1 for a decode step), all already appended: query z attends the positions up to its own,
-// the last nq - 1 - z stored ones not.
+#if CHUNK
+// Position of the u-th slot of runs r, which hold positions from x on (r = seg_runs(x, y, s)).
+fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
+    let a = ring_slot(x);
+    if RING && u >= r.y {
+        return x + (CAP - a) + s.seg_start + (u - r.y);
+    }
+    return x + (s.seg_start + r.x - a) + u;
+}
+#endif
+
+// Dispatch (KVH * B, NSPLIT + 1, 1) per segment, or (KVH * B, NSPLIT + 1, ceil(nq / CQ)) for a
+// chunk: the workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
+// and a short tail of the stored ones) come first in dispatch order, so they start first. A
+// chunk's nq new tokens per sequence are all appended already; z serves its queries
+// CQ z .. CQ z + CQ - 1, and query i attends the positions up to its own, the last nq - 1 - i
+// stored ones not.
 // (Only the chunk module reads nq: the decode and step kernels keep their single-query
 // arithmetic, which measured 2-3.5 % faster at 4k on an H200.)
 @compute @workgroup_size(WG)
-#if CHUNK
-fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-#else
 fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-#endif
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
-    // The query's row of the [B, nq] queries, the tokens after it, and where the partials'
-    // (max, sum) pairs start.
+    // The first query's row of the [B, nq] queries, the workgroup's queries (nz), the tokens
+    // after its last one, and where the partials' (max, sum) pairs start.
 #if CHUNK
-    let qb = b * nwg.z + wid.z;
-    let later = nwg.z - 1u - wid.z;
-    let part_ml = nwg.z * PART_ML;
+    let nq = chunk.n;
+    let z0 = wid.z * CQ;
+    let nz = min(CQ, nq - z0);
+    let qb = b * nq + z0;
+    let later = nq - z0 - nz;
+    let part_ml = nq * PART_ML;
 #else
+    let nz = 1u;
     let qb = b;
     let later = 0u;
     let part_ml = PART_ML;
@@ -183,12 +226,24 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
     // rot_sh, once the new rows, whose encoding uses rot_sh, are written.)
     if !K_ROTATED {
+#if CHUNK
+        for (var i = lid; i < GR * D / 4u; i += WG) {
+            let r = i / (D / 4u);
+            var x = vec4<f32>(0.0);
+            if r / G < nz {
+                let o = query_row(qb, h, r) + 4u * (i % (D / 4u));
+                x = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+            }
+            q_sh[i] = x;
+        }
+#else
         for (var i = lid; i < G * D / 4u; i += WG) {
             let o = ((qb * QH + h * G) * D) + 4u * i;
             q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
         }
+#endif
     } else {
-        qv$r = query_task(qb, h, lid + $ru * WG);
+        qv$r = query_task(qb, h, nz, lid + $ru * WG);
     }
     k_load_levels(lid);
     v_load_levels(lid);
@@ -201,13 +256,15 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     }
     let len = workgroupUniformLoad(&len_sh) - later;
     // The window is the last WIN positions up to and including the new tokens (all of them
-    // unless the cache is a sliding window). Splits 1..=NSPLIT share its stored positions in
+    // unless the cache is a sliding window): of the first row's query, the workgroup's first
+    // (positions before `first`; row i's end `first + i / G`). Splits 1..=NSPLIT share its stored positions in
     // this segment; split 0 takes the tokens a fused step appends (kernels/step.wgsl; none for a
     // plain attend): it encodes their rows and attends them, so encoding runs beside the
     // other splits, not before them, and it may take a short tail of the stored tokens too
     // (below). Positions become slots through runs (shared/common.wgsl).
     let total = len + step_tokens(len);
-    let lo = total - min(total, WIN);
+    let first = total - (nz - 1u);
+    let lo = first - min(first, WIN);
     let stored_runs = seg_runs(min(lo, len), len, seg);
     let stored = stored_runs.y + stored_runs.z;
     let new_runs = seg_runs(max(len, lo), total, seg);
@@ -262,18 +319,31 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 
     for (var t0 = start; t0 < end; t0 += WG) {
         let tn = min(WG, end - t0);
+#if CHUNK
+        // The previous tile's V loop has read the weights, which share tile_sh.
+        workgroupBarrier();
+#endif
         // Keys: one token per thread; k_scores sets sc$g.
         sc$g = 0.0;
         if lid < tn {
             k_scores(row0 + run_slot(t0 + lid, runs));
         }
+        // Whether row g attends this thread's token: in a chunk, its own causal end and
+        // window start (the runs hold positions from lo on).
+#if CHUNK
+        let pos = run_pos(t0 + lid, runs, lo, seg);
+        let f$g = first + $gu / G;
+        let ok$g = lid < tn && pos < f$g && (!RING || pos >= f$g - min(f$g, WIN));
+#else
+        let ok$g = lid < tn;
+#endif
         let s4 = lid / 4u;
-        s_sh[$g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc$g, lid < tn);
+        {{scores}}[$g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc$g, ok$g);
         workgroupBarrier();
         // Tile max in two steps (a scan of every score by every thread cost as much as the K
         // phase): MXP threads each take 16 scores per head, then all read the MXP maxima.
         if lid < MXP {
-            let x$g = max(max(s_sh[$g * (WG / 4u) + 4u * lid], s_sh[$g * (WG / 4u) + 4u * lid + 1u]), max(s_sh[$g * (WG / 4u) + 4u * lid + 2u], s_sh[$g * (WG / 4u) + 4u * lid + 3u]));
+            let x$g = max(max({{scores}}[$g * (WG / 4u) + 4u * lid], {{scores}}[$g * (WG / 4u) + 4u * lid + 1u]), max({{scores}}[$g * (WG / 4u) + 4u * lid + 2u], {{scores}}[$g * (WG / 4u) + 4u * lid + 3u]));
             mx_sh[($g * MXP + lid) / 4u][lid % 4u] = max(max(x$g.x, x$g.y), max(x$g.z, x$g.w));
         }
         workgroupBarrier();
@@ -285,7 +355,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
         let alpha$g = exp(m$g - mn$g);
         m$g = mn$g;
-        let pw$g = select(0.0, exp(sc$g - mn$g), lid < tn);
+        let pw$g = select(0.0, exp(sc$g - mn$g), ok$g);
         l$g = l$g * alpha$g + pw$g;
         var vs = 1.0;
         if V_VSCALE {
@@ -293,7 +363,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             // the run (or the buffer).
             vs = v_row_scale(row0 + run_slot(t0 + min(lid, tn - 1u), runs));
         }
-        p_sh[lid * GP + $g / 4u][$g % 4u] = pw$g * vs;
+        {{weights}}[lid * GP + $g / 4u][$g % 4u] = pw$g * vs;
         workgroupBarrier();
         // Values: thread (c, j) accumulates columns VW c .. VW c + VW - 1 over tokens j, j+J, ...
         if j < J {
@@ -307,20 +377,20 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             if VBF > VB && tn == WG {
                 for (; i + (VBF - 1u) * J < tn; i += VBF * J) {
                     let v$x = v_load(row0 + run_slot(t0 + i + $x * J, runs), c);
-                    let p$g$x = p_sh[(i + $x * J) * GP + $g / 4u][$g % 4u];
+                    let p$g$x = {{weights}}[(i + $x * J) * GP + $g / 4u][$g % 4u];
                     acc$g += p$g$x * v$x[0];
                     if VW == 8u { acc2$g += p$g$x * v$x[1]; }
                 }
             }
             for (; i + (VB - 1u) * J < tn; i += VB * J) {
                 let v$w = v_load(row0 + run_slot(t0 + i + $w * J, runs), c);
-                let p$g$w = p_sh[(i + $w * J) * GP + $g / 4u][$g % 4u];
+                let p$g$w = {{weights}}[(i + $w * J) * GP + $g / 4u][$g % 4u];
                 acc$g += p$g$w * v$w[0];
                 if VW == 8u { acc2$g += p$g$w * v$w[1]; }
             }
             for (; i < tn; i += J) {
                 let v = v_load(row0 + run_slot(t0 + i, runs), c);
-                let p$g = p_sh[i * GP + $g / 4u][$g % 4u];
+                let p$g = {{weights}}[i * GP + $g / 4u][$g % 4u];
                 acc$g += p$g * v[0];
                 if VW == 8u { acc2$g += p$g * v[1]; }
             }
@@ -328,12 +398,16 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     }
 
     // The softmax sum over the workgroup's invocations (all share m), as the tile max: MXP
-    // partial sums of 16, then every invocation adds the MXP of them. (s_sh and mx_sh were last
-    // read before the last tile's final barrier.)
-    s_sh[$g * (WG / 4u) + lid / 4u][lid % 4u] = l$g;
+    // partial sums of 16, then every invocation adds the MXP of them. (The scores and mx_sh
+    // were last read before the last tile's final barrier; in a chunk the weights share the
+    // scores' array, and the V loop has just read them.)
+#if CHUNK
+    workgroupBarrier();
+#endif
+    {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = l$g;
     workgroupBarrier();
     if lid < MXP {
-        let y$g = s_sh[$g * (WG / 4u) + 4u * lid] + s_sh[$g * (WG / 4u) + 4u * lid + 1u] + s_sh[$g * (WG / 4u) + 4u * lid + 2u] + s_sh[$g * (WG / 4u) + 4u * lid + 3u];
+        let y$g = {{scores}}[$g * (WG / 4u) + 4u * lid] + {{scores}}[$g * (WG / 4u) + 4u * lid + 1u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 2u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 3u];
         mx_sh[($g * MXP + lid) / 4u][lid % 4u] = y$g.x + y$g.y + y$g.z + y$g.w;
     }
     workgroupBarrier();
@@ -344,28 +418,28 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     l$g = lt$g.x + lt$g.y + lt$g.z + lt$g.w;
 
     // Merge the J token lanes into lane 0 (all lanes share m): lanes J - 1, ..., 1 in turn add
-    // their sums into comb (the first writes it), one barrier each, then lane 0 adds comb to
+    // their sums into {{lanes}} (the first writes it), one barrier each, then lane 0 adds it to
     // its own sums and writes the partial. (Lane by lane into lane 0 took two barriers a lane.)
     for (var r = J - 1u; r > 0u; r--) {
         if j == r {
             var a$g = acc$g;
             var a2$g = acc2$g;
             if r < J - 1u {
-                a$g += comb[($g * VC + c) * (VW / 4u)];
-                if VW == 8u { a2$g += comb[($g * VC + c) * 2u + 1u]; }
+                a$g += {{lanes}}[($g * VC + c) * (VW / 4u)];
+                if VW == 8u { a2$g += {{lanes}}[($g * VC + c) * 2u + 1u]; }
             }
-            comb[($g * VC + c) * (VW / 4u)] = a$g;
-            if VW == 8u { comb[($g * VC + c) * 2u + 1u] = a2$g; }
+            {{lanes}}[($g * VC + c) * (VW / 4u)] = a$g;
+            if VW == 8u { {{lanes}}[($g * VC + c) * 2u + 1u] = a2$g; }
         }
         workgroupBarrier();
     }
     if j == 0u {
         if J > 1u {
-            acc$g += comb[($g * VC + c) * (VW / 4u)];
-            if VW == 8u { acc2$g += comb[($g * VC + c) * 2u + 1u]; }
+            acc$g += {{lanes}}[($g * VC + c) * (VW / 4u)];
+            if VW == 8u { acc2$g += {{lanes}}[($g * VC + c) * 2u + 1u]; }
         }
         let pi = (qb * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
-        write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g);
+        if $gu / G < nz { write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g); }
     }
 }
 

@@ -1,5 +1,6 @@
 // The decode module: split-K attention over a layer's store (kernels/attention.wgsl) for one
-// new query per sequence, with the store and the lengths read-only.
+// new query per sequence, with the store and the lengths read-only; with CHUNK, the chunk
+// module: the queries of n new tokens per sequence, appended already.
 #include "shared/common.wgsl"
 #include "shared/rotate.wgsl"
 #include "codecs/stores.wgsl" access=read
@@ -23,4 +24,8 @@ fn committed_len(b: u32) -> u32 {
 
 fn commit_step(b: u32, len: u32) {}
 
-#include "kernels/attention.wgsl"
+#if CHUNK
+#include "kernels/attention.wgsl" scores=tile_sh weights=tile_sh lanes=tile_sh
+#else
+#include "kernels/attention.wgsl" scores=s_sh weights=p_sh lanes=comb
+#endif

@@ -82,4 +82,4 @@ fn commit_step(b: u32, len: u32) {
     }
 }
 
-#include "kernels/attention.wgsl"
+#include "kernels/attention.wgsl" scores=s_sh weights=p_sh lanes=comb
