@@ -32,7 +32,7 @@ pub mod reference;
 pub mod spec;
 pub mod tuning;
 
-pub use cache::{AppendInput, AttendIo, ChunkIo, KvCache, Layout, StepIo};
+pub use cache::{AppendInput, AttendIo, CHUNK_SLICE_TOKENS, ChunkIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};
 pub use context::{Capabilities, GpuContext, TransferStats};
 pub use error::{KvqError, Result};

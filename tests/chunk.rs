@@ -28,6 +28,7 @@ fn chunk_poisoned(
     let ob = storage_buffer(&gpu, &vec![f32::NAN; q.len()]);
     let io = cache.chunk_io(&kb, &vb, n, InputType::F32, &qb, &ob)?;
     assert_eq!(io.tokens(), n);
+    assert_eq!(io.slice_tokens(), n.min(kvq::CHUNK_SLICE_TOKENS));
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     cache.chunk(&mut enc, layer, &io)?;
     gpu.queue.submit([enc.finish()]);
@@ -105,6 +106,14 @@ fn chunks_of_f16_and_int_codecs_match_the_reference() {
         &[64, 3, 1, 8],
     );
     check(spec("k=q8,v=q4", 256, 8, 1, 1, 200), 20, &[4, 9]);
+}
+
+#[test]
+fn a_chunk_of_4096_tokens_is_attended_in_slices() {
+    // Slices of CHUNK_SLICE_TOKENS queries, one after another in one scratch: 16 of them, the
+    // causal diagonal running through every one; then a chunk of 600 (2 slices and a part).
+    assert_eq!(kvq::CHUNK_SLICE_TOKENS, 256);
+    check(spec("k_q8", 64, 2, 1, 1, 4800), 40, &[4096, 600]);
 }
 
 #[test]
@@ -234,4 +243,105 @@ fn bad_chunks_are_typed_errors_with_nothing_written() {
     // The host API refuses a query of the wrong length.
     let e = cache.chunk_host(0, &k[..per], &v[..per], &q).unwrap_err();
     assert!(matches!(e, KvqError::WrongLength { .. }), "{e}");
+}
+
+/// The f64 log-sum-exp of query row `q` (head `qh` of `q_heads`) against the stored rows of
+/// `slots` of sequence `b`: ln Σ exp(scale · q·k) over the decoded K (QJL: its estimate).
+fn lse_over_rows(
+    spec: &CacheSpec,
+    krows: &[u32],
+    b: usize,
+    slots: &[usize],
+    qh: usize,
+    q: &[f32],
+) -> f64 {
+    use kvq::codec::CodecRef;
+    let h = qh / (spec.q_heads / spec.kv_heads) as usize;
+    let kref = CodecRef::new(spec.codecs.k, spec.head_dim, spec.seed).unwrap();
+    let kw = kref.layout().words as usize;
+    let qd: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+    let scale = spec.softmax_scale() as f64;
+    let scores: Vec<f64> = slots
+        .iter()
+        .map(|&slot| {
+            let r = (b * spec.kv_heads as usize + h) * spec.capacity as usize + slot;
+            let row = &krows[r * kw..(r + 1) * kw];
+            if spec.codecs.k.qjl {
+                scale * kref.ip_estimate(row, &qd)
+            } else {
+                let k = kref.decode(row);
+                scale * k.iter().zip(&qd).map(|(a, b)| a * b).sum::<f64>()
+            }
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
+}
+
+#[test]
+fn chunks_write_each_rows_log_sum_exp_where_asked() {
+    // An int, a rotated (V un-rotated in the reduce) and a QJL K; a chunk longer than a slice
+    // for one of them; the log-sum-exp buffer poisoned first.
+    for (codecs, d, prefix, n) in [
+        ("q4_sym", 64, 30, 5),
+        ("iso3_sym", 128, 100, 300),
+        ("k_turbo3+qjl", 64, 7, 9),
+    ] {
+        let spec = spec(codecs, d, 4, 2, 2, 500);
+        let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
+        let gpu = cache.context().clone();
+        let mut rng = Rng::new(u64::from(d + prefix));
+        let per = (spec.batch * spec.kv_heads * d) as usize;
+        cache
+            .append_host(
+                0,
+                &rng.normals(prefix as usize * per, 1.0),
+                &rng.normals(prefix as usize * per, 1.0),
+            )
+            .expect("prefix");
+        let qrow = (spec.q_heads * d) as usize;
+        let rows = (spec.batch * n) as usize;
+        let (k, v, q) = (
+            rng.normals(n as usize * per, 1.0),
+            rng.normals(n as usize * per, 1.0),
+            rng.normals(rows * qrow, 2.0),
+        );
+        let (kb, vb, qb) = (
+            storage_buffer(&gpu, &k),
+            storage_buffer(&gpu, &v),
+            storage_buffer(&gpu, &q),
+        );
+        let ob = storage_buffer(&gpu, &vec![f32::NAN; q.len()]);
+        let lb = storage_buffer(&gpu, &vec![f32::NAN; rows * spec.q_heads as usize]);
+        let io = cache
+            .chunk_io_lse(&kb, &vb, n, InputType::F32, &qb, &ob, &lb)
+            .expect("io");
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        cache.chunk(&mut enc, 0, &io).expect("chunk");
+        gpu.queue.submit([enc.finish()]);
+        let lse = common::read_f32(&gpu, &lb, rows * spec.q_heads as usize);
+        let (krows, _) = cache.read_rows(0).expect("rows");
+        let mut worst = 0.0f64;
+        for b in 0..spec.batch as usize {
+            for i in 0..n as usize {
+                let slots: Vec<usize> = (0..=prefix as usize + i).collect();
+                for qh in 0..spec.q_heads as usize {
+                    let at = (b * n as usize + i) * spec.q_heads as usize + qh;
+                    let r = (b * n as usize + i) * qrow + qh * d as usize;
+                    let want = lse_over_rows(&spec, &krows, b, &slots, qh, &q[r..r + d as usize]);
+                    worst = worst.max((lse[at] as f64 - want).abs() / want.abs().max(1.0));
+                }
+            }
+        }
+        assert!(worst <= TOL, "{codecs}: log-sum-exp error {worst:.2e}");
+    }
+    // A buffer too small for [batch, n, q_heads] is a typed error.
+    let cache = KvCache::new(ctx(), spec("none", 64, 4, 2, 1, 64)).expect("cache");
+    let gpu = cache.context().clone();
+    let b = storage_buffer(&gpu, &[0.0; 4 * 64 * 8]);
+    let small = storage_buffer(&gpu, &[0.0; 7]);
+    assert!(matches!(
+        cache.chunk_io_lse(&b, &b, 2, InputType::F32, &b, &b, &small),
+        Err(KvqError::BadBuffer { .. })
+    ));
 }

@@ -428,6 +428,7 @@ fn grid_from_manifest(
             "splits + 1" => v("splits") + 1,
             "wide_groups" => per_dispatch("wide_groups"),
             "queries" => per_dispatch("queries"),
+            "query_groups" => per_dispatch("query_groups"),
             other => panic!("a grid term no host knows: {other}"),
         })
         .collect()

@@ -46,13 +46,20 @@ impl StepIo {
 /// Caller buffers prepared for [`KvCache::chunk`](crate::KvCache::chunk): `n` new tokens per
 /// sequence (K and V as for [`KvCache::append_input`](crate::KvCache::append_input)), their
 /// queries `[batch, n, q_heads, head_dim]` f32 and the outputs of the same shape, with the
-/// chunk's own decode scratch (`n` times the cache's).
+/// chunk's own decode scratch (for the queries of one slice: [`ChunkIo::slice_tokens`]).
 pub struct ChunkIo {
     pub(super) append: AppendInput,
-    pub(super) io: Bound,
+    /// The chunk's slices, attended one after another in the one scratch.
+    pub(super) slices: Vec<ChunkSlice>,
     /// Per layer, per storage segment: the decode store bind group over this chunk's scratch.
     pub(super) store: Vec<Vec<Bound>>,
-    /// Split workgroups per KV head and split: `ceil(n / chunk_queries)`.
+}
+
+/// Queries `first .. first + count` of a chunk: their io bind group (query, output, the
+/// slice's params) and split workgroups per KV head and split (`ceil(count / chunk_queries)`).
+pub(super) struct ChunkSlice {
+    pub(super) io: Bound,
+    pub(super) count: u32,
     pub(super) query_groups: u32,
 }
 
@@ -60,6 +67,12 @@ impl ChunkIo {
     /// Tokens per sequence each chunk with these buffers appends and attends.
     pub fn tokens(&self) -> u32 {
         self.append.n
+    }
+
+    /// New tokens per sequence attended together (a longer chunk is attended in slices of at
+    /// most this many, one after another, in a scratch of this many queries' partials).
+    pub fn slice_tokens(&self) -> u32 {
+        self.slices.iter().map(|s| s.count).max().unwrap_or(0)
     }
 }
 

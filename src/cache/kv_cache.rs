@@ -39,8 +39,8 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Bytes of the decode scratch for one query per sequence (a chunk of `n` takes `n`
-    /// times as many).
+    /// Bytes of the decode scratch for one query per sequence (a chunk's slice of `n` takes
+    /// `n` times as many).
     pub(super) fn partials_bytes(&self) -> u64 {
         plan::partial_floats(&self.spec, &self.cfg) * 4
     }

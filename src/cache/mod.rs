@@ -18,4 +18,5 @@ pub(crate) use bind::Bound;
 pub use io::{AppendInput, AttendIo, ChunkIo, StepIo};
 pub use kv_cache::KvCache;
 pub use plan::Layout;
+pub use prepare::CHUNK_SLICE_TOKENS;
 pub(crate) use record::Recorder;

@@ -3,7 +3,12 @@
 
 use super::bind::{Bound, bind_buffers};
 use super::buffers::init_buffer;
-use super::io::{AppendInput, AttendIo, ChunkIo, StepIo};
+use super::io::{AppendInput, AttendIo, ChunkIo, ChunkSlice, StepIo};
+
+/// Most new tokens per sequence a chunk attends together: a longer chunk is attended in slices
+/// of this many, one after another, so its decode scratch (every split's partials per query)
+/// stays that of this many queries (qwen3-8b at 64 splits: 1.1 MB a query).
+pub const CHUNK_SLICE_TOKENS: u32 = 256;
 use super::kv_cache::KvCache;
 use crate::error::{KvqError, Result};
 use crate::kernels::InputType;
@@ -108,10 +113,12 @@ impl KvCache {
     /// Prepares the buffers of a chunk of `n` new tokens per sequence attended causally
     /// ([`KvCache::chunk`]): `k`, `v` as for [`KvCache::append_input`]; `q` and `out` are
     /// `[batch, n, q_heads, head_dim]` f32, new token `i`'s queries at row `i`. All need STORAGE
-    /// usage. The chunk gets its own decode scratch, `n` times the cache's: a chunk whose
-    /// scratch passes the adapter's binding limit is refused, typed, and so is a chunk longer
-    /// than a sliding window's slack (`capacity - window + 1` tokens: the ring would overwrite
-    /// positions the chunk's first queries attend).
+    /// usage. The chunk gets its own decode scratch for the queries of one slice (at most
+    /// [`CHUNK_SLICE_TOKENS`], and as many as the adapter's binding limit holds; a longer
+    /// chunk is attended slice after slice in one recording); an adapter whose binding limit
+    /// holds not even one query's is refused, typed, and so is a chunk longer than a sliding
+    /// window's slack (`capacity - window + 1` tokens: the ring would overwrite positions the
+    /// chunk's first queries attend).
     pub fn chunk_io(
         &self,
         k: &wgpu::Buffer,
@@ -121,9 +128,45 @@ impl KvCache {
         q: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<ChunkIo> {
+        self.chunk_io_with(k, v, n, input, q, out, None)
+    }
+
+    /// [`KvCache::chunk_io`], and each output row's log-sum-exp of its scaled scores
+    /// (`ln Σ exp(q·k · scale)` over the positions it attends, in the codec's arithmetic) to
+    /// `lse`, `[batch, n, q_heads]` f32 with STORAGE usage, so that an engine can merge kvq's
+    /// attention with its own over other keys (rows of an empty sequence get -3e38).
+    #[allow(clippy::too_many_arguments)]
+    pub fn chunk_io_lse(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        lse: &wgpu::Buffer,
+    ) -> Result<ChunkIo> {
+        self.chunk_io_with(k, v, n, input, q, out, Some(lse))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn chunk_io_with(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        n: u32,
+        input: InputType,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        lse: Option<&wgpu::Buffer>,
+    ) -> Result<ChunkIo> {
         let s = &self.spec;
         self.check_kv_inputs(k, v, n, input)?;
         self.check_query_io(q, out, n)?;
+        if let Some(b) = lse {
+            let need = s.batch as u64 * n as u64 * s.q_heads as u64 * 4;
+            self.check_buffer("lse", b, need, wgpu::BufferUsages::STORAGE)?;
+        }
         if let Some(w) = s.window
             && n > s.capacity - w + 1
         {
@@ -135,18 +178,21 @@ impl KvCache {
                 s.capacity - w + 1
             )));
         }
-        let scratch = self.partials_bytes() * n as u64;
+        // Slices of at most CHUNK_SLICE_TOKENS queries, and as many as the binding limit holds.
+        let per_query = self.partials_bytes();
         let limit = self.ctx.device.limits().max_storage_buffer_binding_size;
-        if scratch > limit {
+        let fit = (limit / per_query).min(u32::MAX as u64) as u32;
+        if fit == 0 {
             return Err(KvqError::AdapterTooWeak {
                 adapter: self.ctx.info.name.clone(),
-                what: format!(
-                    "max_storage_buffer_binding_size (the decode scratch of a {n}-token chunk)"
-                ),
-                needed: scratch,
+                what: "max_storage_buffer_binding_size (the decode scratch of one chunk query)"
+                    .into(),
+                needed: per_query,
                 have: limit,
             });
         }
+        let slice = n.clamp(1, CHUNK_SLICE_TOKENS.min(fit));
+        let scratch = per_query * slice as u64;
         let append = self.append_input(k, v, n, input)?;
         // Built here, once, so that recording a chunk never compiles a pipeline.
         self.pipes.chunk()?;
@@ -157,12 +203,33 @@ impl KvCache {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })?;
-        // The append's parameters hold n, which the split kernel reads too.
-        let io = self.bind(
-            "kvq chunk io",
-            &self.pipes.chunk_io,
-            &[q, out, &append.params],
-        )?;
+        let cq = self.cfg.chunk_queries();
+        // Where no log-sum-exp is asked for, the binding is a stand-in the kernel never writes.
+        let standin;
+        let lse_buf = match lse {
+            Some(b) => b,
+            None => {
+                standin = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
+                    label: Some("kvq chunk lse stand-in"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                })?;
+                &standin
+            }
+        };
+        let mut slices = Vec::new();
+        for first in (0..n).step_by(slice as usize) {
+            let count = slice.min(n - first);
+            let words = [n, first, count, lse.is_some() as u32];
+            let params = self.uniform("kvq chunk slice", words)?;
+            let bufs = [q, out, &params, lse_buf];
+            slices.push(ChunkSlice {
+                io: self.bind("kvq chunk io", &self.pipes.chunk_io, &bufs)?,
+                count,
+                query_groups: count.div_ceil(cq),
+            });
+        }
         let mut store = Vec::with_capacity(self.layers.len());
         for segs in &self.layers {
             let mut groups = Vec::with_capacity(segs.len());
@@ -174,12 +241,10 @@ impl KvCache {
             }
             store.push(groups);
         }
-        let query_groups = n.div_ceil(self.cfg.chunk_queries());
         Ok(ChunkIo {
             append,
-            io,
+            slices,
             store,
-            query_groups,
         })
     }
 

@@ -152,14 +152,16 @@ impl KvCache {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.chunk()?.clone();
         self.record_append(pass, layer, &io.append)?;
-        let shape = GridShape {
-            queries: io.append.n,
-            query_groups: io.query_groups,
-            ..self.grid_shape()
-        };
-        let stores = io.store[layer as usize].iter();
-        let rule = &dispatch::CHUNK_SPLIT;
-        self.record_attention(pass, (&split, rule), &reduce, &io.io, stores, &shape);
+        for slice in &io.slices {
+            let shape = GridShape {
+                queries: slice.count,
+                query_groups: slice.query_groups,
+                ..self.grid_shape()
+            };
+            let stores = io.store[layer as usize].iter();
+            let rule = &dispatch::CHUNK_SPLIT;
+            self.record_attention(pass, (&split, rule), &reduce, &slice.io, stores, &shape);
+        }
         Ok(())
     }
 

@@ -158,7 +158,8 @@ pub(crate) const CHUNK_IO: LayoutTable = (
     &[
         (0, RO, "query"),
         (1, RW, "output"),
-        (2, UNIFORM, "append params"),
+        (2, UNIFORM, "chunk slice params"),
+        (3, RW, "log-sum-exp"),
     ],
 );
 pub(crate) const STEP_STORE: LayoutTable = (

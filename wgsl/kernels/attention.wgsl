@@ -27,14 +27,18 @@
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
 #if CHUNK
-// The chunk's append parameters (its first word: the new tokens per sequence, nq).
-struct ChunkParams {
+// A slice of a chunk: its queries first .. first + count - 1 of the chunk's n new tokens per
+// sequence (a long chunk is attended slice by slice, each in the scratch of `count` queries).
+// `lse`: 1 where the io asks for each output row's log-sum-exp of its scaled scores.
+struct ChunkSlice {
     n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    first: u32,
+    count: u32,
+    lse: u32,
 }
-@group(1) @binding(2) var<uniform> chunk: ChunkParams;
+@group(1) @binding(2) var<uniform> chunk: ChunkSlice;
+// [B, nq, QH] log-sum-exps (a 16-byte stand-in where the io asks for none).
+@group(1) @binding(3) var<storage, read_write> lse_out: array<f32>;
 #endif
 
 // V columns: each thread owns VW consecutive values of a row (4, or 8 for a rotated V codec,
@@ -42,8 +46,8 @@ struct ChunkParams {
 // codec's n_codes (its output stays rotated until the reduce); J token lanes share a tile.
 // A partial holds PV4 = VC * VW / 4 vec4s per query head.
 const J: u32 = WG / VC;
-// Partials of one query per sequence; a chunk of nq queries (the grid's z) holds nq times
-// as many, the (max, sum) pairs after all the output vectors.
+// Partials of one query per sequence; a slice of a chunk of `count` queries holds `count`
+// times as many, the (max, sum) pairs after all the output vectors.
 const PART_ML: u32 = B * QH * SPLITS_TOTAL * PV4;
 
 // The scaled query of each row (a rotated K codec reads it from rot_sh).
@@ -194,12 +198,12 @@ fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
 }
 #endif
 
-// Dispatch (KVH * B, NSPLIT + 1, 1) per segment, or (KVH * B, NSPLIT + 1, ceil(nq / CQ)) for a
-// chunk: the workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
+// Dispatch (KVH * B, NSPLIT + 1, 1) per segment, or (KVH * B, NSPLIT + 1, ceil(count / CQ)) for
+// a chunk's slice: the workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
 // and a short tail of the stored ones) come first in dispatch order, so they start first. A
-// chunk's nq new tokens per sequence are all appended already; z serves its queries
-// CQ z .. CQ z + CQ - 1, and query i attends the positions up to its own, the last nq - 1 - i
-// stored ones not.
+// chunk's nq new tokens per sequence are all appended already; z serves the slice's queries
+// first + CQ z .. first + CQ z + CQ - 1, and query i attends the positions up to its own, the
+// last nq - 1 - i stored ones not.
 // (Only the chunk module reads nq: the decode and step kernels keep their single-query
 // arithmetic, which measured 2-3.5 % faster at 4k on an H200.)
 @compute @workgroup_size(WG)
@@ -207,18 +211,21 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
-    // The first query's row of the [B, nq] queries, the workgroup's queries (nz), the tokens
-    // after its last one, and where the partials' (max, sum) pairs start.
+    // The first query's row of the [B, nq] queries and of the slice's [B, count] partials,
+    // the workgroup's queries (nz), the tokens after its last one, and where the partials'
+    // (max, sum) pairs start.
 #if CHUNK
     let nq = chunk.n;
-    let z0 = wid.z * CQ;
-    let nz = min(CQ, nq - z0);
+    let z0 = chunk.first + wid.z * CQ;
+    let nz = min(CQ, chunk.first + chunk.count - z0);
     let qb = b * nq + z0;
+    let pb = b * chunk.count + wid.z * CQ;
     let later = nq - z0 - nz;
-    let part_ml = nq * PART_ML;
+    let part_ml = chunk.count * PART_ML;
 #else
     let nz = 1u;
     let qb = b;
+    let pb = b;
     let later = 0u;
     let part_ml = PART_ML;
 #endif
@@ -438,7 +445,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             acc$g += {{lanes}}[($g * VC + c) * (VW / 4u)];
             if VW == 8u { acc2$g += {{lanes}}[($g * VC + c) * 2u + 1u]; }
         }
-        let pi = (qb * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
+        let pi = (pb * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
         if $gu / G < nz { write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g); }
     }
 }
@@ -456,7 +463,8 @@ const RL: u32 = RED_WG / RC;
 var<workgroup> lane_ml: array<vec2<f32>, RL>;
 var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 
-// Dispatch (QH, B, nq): merges the partials of one query head into out[b, z, qh, :].
+// Dispatch (QH, B, 1), or (QH, B, count) for a chunk's slice: merges the partials of one query
+// head into out[b, first + z, qh, :].
 // Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
 // issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
 // is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
@@ -464,11 +472,7 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 // the output vectors beside the (max, sum) pairs, not after them, and the old length at the
 // start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
 @compute @workgroup_size(RED_WG)
-#if CHUNK
-fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-#else
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-#endif
     // V's diagonal for the un-rotation, published by the barriers below.
     load_diag(lid, RED_WG, false, true);
     // A rotor or iso V: this invocation's group matrix for the un-rotation, loaded now beside
@@ -479,11 +483,14 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     }
     let qh = wid.x;
     let b = wid.y;
-    // The query's row of the [B, nq] queries (z: the query of a chunk, as in split).
+    // The query's row of the slice's [B, count] partials and of the [B, nq] outputs (z: the
+    // slice's query, as in split).
 #if CHUNK
-    let qb = b * nwg.z + wid.z;
-    let part_ml = nwg.z * PART_ML;
+    let pb = b * chunk.count + wid.z;
+    let qb = b * chunk.n + chunk.first + wid.z;
+    let part_ml = chunk.count * PART_ML;
 #else
+    let pb = b;
     let qb = b;
     let part_ml = PART_ML;
 #endif
@@ -493,7 +500,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     if commits {
         old_len = committed_len(b);
     }
-    let base = (qb * QH + qh) * SPLITS_TOTAL;
+    let base = (pb * QH + qh) * SPLITS_TOTAL;
     let c = lid % RC;
     let r = lid / RC;
     var m = NEG;
@@ -542,6 +549,12 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     // An empty sequence has l = 0: its output is defined as zeros.
     let y = o * select(0.0, 1.0 / l, l > 0.0);
     let p = (qb * QH + qh) * D;
+#if CHUNK
+    // The row's log-sum-exp (NEG for an empty sequence): lane 0 holds the merged (m, l).
+    if chunk.lse != 0u && lid == 0u {
+        lse_out[qb * QH + qh] = select(NEG, m + log(l), l > 0.0);
+    }
+#endif
     if V_ROTATED {
         // The output is still in the V codec's rotated domain: un-rotate it once, here.
         if r == 0u {
