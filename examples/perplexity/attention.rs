@@ -1,8 +1,8 @@
 //! The two attention backends of the forward: kvq on the GPU (every token's K/V encoded into
-//! the cache by kvq's own kernels, attention over the stored codes by its decode kernels), and
+//! the cache by kvq's own kernels, attention over the stored codes by its chunk kernels), and
 //! the f64 CPU reference over the unquantized K/V.
 
-use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, StepIo};
+use kvq::{CacheSpec, ChunkIo, GpuContext, InputType, KvCache, KvCodecs};
 use rayon::prelude::*;
 
 use crate::model::{Attention, Config, LayerQkv};
@@ -61,24 +61,22 @@ fn buffer(ctx: &GpuContext, label: &str, bytes: u64, usage: wgpu::BufferUsages) 
 }
 
 /// kvq as the model's attention: a cache of `cfg`'s shape holding `tokens` positions per
-/// layer. A layer's tokens run as that many fused decode steps (token `t` appends its K/V and
-/// attends with its query over `0..=t`), all recorded into one command buffer: the host
-/// uploads the layer's Q/K/V once and reads its outputs back once; between steps the GPU
-/// copies each token's slices into the step's buffers.
+/// layer. A layer's tokens run as one chunk (`KvCache::chunk`: every token's K/V appended by
+/// kvq's encoder, then each token's query attending the stored codes of `0..=t`), so the host
+/// uploads the layer's Q/K/V once and reads its outputs back once.
 pub struct Kvq {
     cfg: Config,
     ctx: GpuContext,
     cache: KvCache,
-    step: StepIo,
-    /// Every token's K, V, Q and output: `[tokens, heads, head_dim]` f32.
+    chunk: ChunkIo,
+    /// Every token's K, V, Q and output: `[tokens, heads, head_dim]` f32, bound to `chunk`.
     all: [wgpu::Buffer; 4],
-    /// One token's K, V, Q and output, bound to `step`.
-    one: [wgpu::Buffer; 4],
     readback: wgpu::Buffer,
 }
 
 impl Kvq {
-    /// A cache with `codecs` for up to `tokens` positions on `ctx`'s device.
+    /// A cache with `codecs` for `tokens` positions on `ctx`'s device (a layer's forward runs
+    /// exactly that many tokens).
     pub fn new(
         ctx: &GpuContext,
         cfg: &Config,
@@ -98,25 +96,25 @@ impl Kvq {
         let q_row = (cfg.q_heads * cfg.head_dim * 4) as u64;
         let rows = [kv_row, kv_row, q_row, q_row];
         use wgpu::BufferUsages as U;
-        let all =
-            rows.map(|r| buffer(ctx, "ppl all", r * tokens as u64, U::COPY_SRC | U::COPY_DST));
-        let one = rows.map(|r| buffer(ctx, "ppl one", r, U::STORAGE | U::COPY_SRC | U::COPY_DST));
+        let all = rows.map(|r| {
+            let usage = U::STORAGE | U::COPY_SRC | U::COPY_DST;
+            buffer(ctx, "ppl all", r * tokens as u64, usage)
+        });
         let readback = buffer(
             ctx,
             "ppl readback",
             q_row * tokens as u64,
             U::MAP_READ | U::COPY_DST,
         );
-        let step = cache
-            .step_io(&one[0], &one[1], 1, InputType::F32, &one[2], &one[3])
+        let chunk = cache
+            .chunk_io(&all[0], &all[1], tokens, InputType::F32, &all[2], &all[3])
             .map_err(|e| e.to_string())?;
         Ok(Kvq {
             cfg: cfg.clone(),
             ctx: ctx.clone(),
             cache,
-            step,
+            chunk,
             all,
-            one,
             readback,
         })
     }
@@ -127,26 +125,22 @@ impl Kvq {
         if len != 0 {
             return Err(format!("layer {layer} already holds {len} tokens"));
         }
+        let tokens = (qkv.q.len() / (self.cfg.q_heads * self.cfg.head_dim)) as u32;
+        if tokens != self.chunk.tokens() {
+            return Err(format!(
+                "layer {layer}: {tokens} tokens for a cache built for {}",
+                self.chunk.tokens()
+            ));
+        }
         let q = &self.ctx.queue;
         for (buf, data) in self.all.iter().zip([qkv.k, qkv.v, qkv.q]) {
             q.write_buffer(buf, 0, bytemuck::cast_slice(data));
         }
-        let tokens = (qkv.q.len() / (self.cfg.q_heads * self.cfg.head_dim)) as u64;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        for t in 0..tokens {
-            for i in 0..3 {
-                let row = self.one[i].size();
-                enc.copy_buffer_to_buffer(&self.all[i], t * row, &self.one[i], 0, row);
-            }
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            self.cache
-                .step_in_pass(&mut pass, layer, &self.step)
-                .map_err(|e| e.to_string())?;
-            drop(pass);
-            let row = self.one[3].size();
-            enc.copy_buffer_to_buffer(&self.one[3], 0, &self.all[3], t * row, row);
-        }
-        let bytes = tokens * self.one[3].size();
+        self.cache
+            .chunk(&mut enc, layer, &self.chunk)
+            .map_err(|e| e.to_string())?;
+        let bytes = self.readback.size();
         enc.copy_buffer_to_buffer(&self.all[3], 0, &self.readback, 0, bytes);
         q.submit([enc.finish()]);
         let slice = self.readback.slice(..bytes);
