@@ -31,7 +31,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--wg 128] [--dump DIR]";
+[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--dump DIR]";
 
 struct Args {
     model: String,
@@ -39,6 +39,9 @@ struct Args {
     codecs: Vec<String>,
     splits: u32,
     workgroup: u32,
+    /// The module whose kernels are compiled: the fused step (`step`, what a decode step runs)
+    /// or the chunk's attention (`chunk`).
+    module: KernelModule,
     dump: Option<String>,
 }
 
@@ -49,6 +52,7 @@ fn parse_args() -> Result<Args, String> {
         codecs: vec!["none".into()],
         splits: 64,
         workgroup: 128,
+        module: KernelModule::Step(InputType::F16),
         dump: None,
     };
     let mut it = std::env::args().skip(1);
@@ -62,6 +66,13 @@ fn parse_args() -> Result<Args, String> {
             "--splits" => a.splits = num(value()?)?,
             "--wg" => a.workgroup = num(value()?)?,
             "--dump" => a.dump = Some(value()?),
+            "--module" => {
+                a.module = match value()?.as_str() {
+                    "step" => KernelModule::Step(InputType::F16),
+                    "chunk" => KernelModule::Chunk,
+                    m => return Err(format!("--module {m}: step or chunk\n{USAGE}")),
+                }
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
@@ -311,8 +322,13 @@ fn run() -> Result<(), Error> {
     }
     let vk = Vulkan::new()?;
     println!(
-        "{} — {} ctx {} (splits {}, workgroup {})",
-        vk.name, args.model, args.ctx, args.splits, args.workgroup
+        "{} — {} ctx {} (splits {}, workgroup {}, module {})",
+        vk.name,
+        args.model,
+        args.ctx,
+        args.splits,
+        args.workgroup,
+        args.module.name()
     );
     for name in names {
         let c = KvCodecs::parse(&name)?;
@@ -333,10 +349,8 @@ fn run() -> Result<(), Error> {
             v: c.v,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
-        // sweep); reduce is the same in every module.
-        let src = cfg
-            .module_source(KernelModule::Step(InputType::F16))
-            .map_err(|e| e.to_string())?;
+        // sweep); the chunk module's serves several new tokens' rows.
+        let src = cfg.module_source(args.module).map_err(|e| e.to_string())?;
         for entry in ["split", "reduce"] {
             let dump = args
                 .dump
