@@ -4,23 +4,17 @@
 use crate::args::Wait;
 use crate::measure::{Row, label, tok_s};
 use crate::plot::{Point, plot_title};
-use crate::probe::PeakBandwidth;
+use crate::probe::Peaks;
 use crate::report::{Derived, fmt_opt};
 
-const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy\n";
+const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy,attn_gflops,fma_peak_gflops,fma_fraction\n";
 
 /// The whole CSV text: the header, then one line per row.
-pub fn text(
-    rows: &[Row],
-    derived: &[Derived],
-    model: &str,
-    peak: Option<&PeakBandwidth>,
-    wait: Wait,
-) -> String {
+pub fn text(rows: &[Row], derived: &[Derived], model: &str, peaks: &Peaks, wait: Wait) -> String {
     let mut csv = String::from(HEADER);
     for (r, d) in rows.iter().zip(derived) {
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{},{:.1},{},{}\n",
             field(&r.codec),
             model,
             r.ctx,
@@ -35,7 +29,7 @@ pub fn text(
             r.host_bytes,
             r.dispatches,
             r.record_ms,
-            fmt_opt(peak.map(|p| p.gbps), 1),
+            fmt_opt(peaks.read.as_ref().map(|p| p.gbps), 1),
             fmt_opt(d.frac, 4),
             r.mem.total(),
             r.wall_ms,
@@ -45,7 +39,10 @@ pub fn text(
             r.queries,
             r.rounds.len(),
             r.spread(),
-            r.noisy()
+            r.noisy(),
+            d.gflops,
+            fmt_opt(peaks.fma.as_ref().map(|p| p.gflops), 1),
+            fmt_opt(d.fma_frac, 4)
         );
     }
     csv

@@ -62,12 +62,12 @@ fn main() {
         .with_shader_checks(args.shader_checks);
     let wait = args.wait_on(&ctx);
     let plan = Plan::new(&args, &ctx).unwrap_or_else(|e| fail(2, e));
-    let peak = probe::peak_bandwidth(&ctx);
+    let peaks = probe::peaks(&ctx);
     let rows = run_points(&ctx, &plan, &args);
-    let derived = report::derive(&rows, peak.as_ref());
-    report::print(&rows, &derived, peak.as_ref(), wait);
+    let derived = report::derive(&rows, &peaks);
+    report::print(&rows, &derived, &peaks, wait);
     if let Some(path) = &args.csv {
-        let text = csv::text(&rows, &derived, plan.model.name, peak.as_ref(), wait);
+        let text = csv::text(&rows, &derived, plan.model.name, &peaks, wait);
         match std::fs::File::create(path).and_then(|mut f| f.write_all(text.as_bytes())) {
             Ok(()) => eprintln!("wrote {path}"),
             Err(e) => fail(1, format!("cannot write {path}: {e}")),

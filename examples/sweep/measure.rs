@@ -28,6 +28,8 @@ pub struct Row {
     pub gpu_ms: Option<f64>,
     /// K/V bytes a step must read.
     pub bytes: u64,
+    /// Attention FLOP of a step: QK and PV, 4 per query row, attended key and dimension.
+    pub flop: f64,
     pub bits_k: f64,
     pub bits_v: f64,
     pub host_bytes: f64,
@@ -246,12 +248,16 @@ impl PointRun<'_> {
         let t = self.time_steps(&mut cache, &inputs)?;
         let l = cache.layout();
         // Bytes a step must read: every stored row of every layer at the mid-run length.
-        let len = self.context as u64 + (args.warmup + self.steps / 2) as u64;
+        let len = self.context as u64 + (args.warmup + self.steps / 2) as u64 * self.queries as u64;
         let bytes = args.batch as u64
             * m.layers as u64
             * m.kv_heads as u64
             * len
             * (l.k_row_bytes + l.v_row_bytes);
+        // Query i of a step's n attends len + i + 1 positions (at the mid-run length).
+        let (n, before) = (self.queries as f64, len as f64);
+        let keys = n * before + n * (n + 1.0) / 2.0;
+        let flop = 4.0 * keys * (args.batch * m.layers * m.q_heads * m.head_dim) as f64;
         Ok(Row {
             codec: self.name.to_string(),
             ctx: self.context,
@@ -261,6 +267,7 @@ impl PointRun<'_> {
             wall_ms: t.wall_ms,
             gpu_ms: t.gpu_ms,
             bytes,
+            flop,
             bits_k: self.codecs.k.bits_per_value(m.head_dim),
             bits_v: self.codecs.v.bits_per_value(m.head_dim),
             host_bytes: (t.stats.bytes_uploaded + t.stats.bytes_downloaded) as f64

@@ -1,5 +1,6 @@
-//! The bandwidth probe: the adapter's streaming read bandwidth, measured once before the
-//! points, is the reference each point's `bw_fraction` (`%peak`) is taken of.
+//! The probes, run once before the points: the adapter's streaming read bandwidth, the
+//! reference each point's `bw_fraction` (`%peak`) is taken of, and its FP32 multiply-add
+//! rate, the reference of each point's attention FLOP/s (`fma_fraction`, `%fma`).
 
 use std::time::Instant;
 
@@ -7,6 +8,28 @@ use kvq::GpuContext;
 use kvq::memory::fmt_bytes;
 
 use crate::timing::{Timestamps, gbps, median, ms, wait_for};
+
+/// What the probes measured (None where a probe failed; the sweep goes on without it).
+pub struct Peaks {
+    pub read: Option<PeakBandwidth>,
+    pub fma: Option<PeakFma>,
+}
+
+/// Runs both probes, each printing its result (or why there is none) on stderr.
+pub fn peaks(ctx: &GpuContext) -> Peaks {
+    Peaks {
+        read: peak_bandwidth(ctx),
+        fma: peak_fma(ctx),
+    }
+}
+
+/// The adapter's measured FP32 multiply-add rate.
+pub struct PeakFma {
+    /// GFLOP/s, two per multiply-add.
+    pub gflops: f64,
+    /// How it was timed.
+    pub how: &'static str,
+}
 
 /// The adapter's measured streaming read bandwidth.
 pub struct PeakBandwidth {
@@ -239,4 +262,123 @@ impl ReadKernel {
             how,
         })
     }
+}
+
+const FMA_KERNEL: &str = r#"
+// params[0]: rounds (read at run time, so no compiler folds the loop); params[1]: a sink.
+@group(0) @binding(0) var<storage, read_write> params: array<u32>;
+
+// 8 independent chains of vec4 multiply-adds an invocation (32 FMAs a round, enough in flight
+// to hide the FMA latency), whose sum decides a store that never happens.
+@compute @workgroup_size(256)
+fn fma_rate(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let rounds = params[0];
+    let x = f32(gid.x & 255u) * 1e-6;
+    let m = vec4<f32>(0.999, 1.0001, 0.9999, 1.001);
+    let a = vec4<f32>(x, x + 1e-7, x + 2e-7, x + 3e-7);
+    var c0 = a; var c1 = a + 0.1; var c2 = a + 0.2; var c3 = a + 0.3;
+    var c4 = a + 0.4; var c5 = a + 0.5; var c6 = a + 0.6; var c7 = a + 0.7;
+    for (var r = 0u; r < rounds; r++) {
+        c0 = fma(c0, m, a); c1 = fma(c1, m, a); c2 = fma(c2, m, a); c3 = fma(c3, m, a);
+        c4 = fma(c4, m, a); c5 = fma(c5, m, a); c6 = fma(c6, m, a); c7 = fma(c7, m, a);
+    }
+    let s = c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7;
+    if s.x + s.y + s.z + s.w == 12345.678 {
+        params[1] = gid.x;
+    }
+}
+"#;
+
+/// Measures the FP32 multiply-add rate and prints it (or why it was not measured) on stderr.
+pub fn peak_fma(ctx: &GpuContext) -> Option<PeakFma> {
+    let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let r = time_fma(ctx);
+    let r = match pollster::block_on(scope.pop()) {
+        Some(e) => Err(e.to_string()),
+        None => r,
+    };
+    match r {
+        Ok(p) => {
+            eprintln!(
+                "peak FP32: {:.0} GFLOP/s: a kernel of independent multiply-add chains, {} (fma_peak_gflops; fma_fraction is attention FLOP/s over this)",
+                p.gflops, p.how
+            );
+            Some(p)
+        }
+        Err(e) => {
+            eprintln!("peak FP32: not measured ({e})");
+            None
+        }
+    }
+}
+
+/// Times [`FMA_KERNEL`] over enough workgroups to fill a large GPU (a few on a CPU adapter):
+/// GPU timestamps where the device has them, else the host clock; median after a warm-up.
+fn time_fma(ctx: &GpuContext) -> Result<PeakFma, String> {
+    use wgpu::util::DeviceExt;
+    let dev = &ctx.device;
+    let (groups, rounds, warmup, runs): (u32, u32, usize, usize) = if ctx.is_cpu() {
+        (16, 256, 1, 3)
+    } else {
+        (8192, 4096, 3, 10)
+    };
+    let params = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("sweep fma params"),
+        contents: bytemuck::cast_slice(&[rounds, 0u32, 0, 0]),
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("sweep fma"),
+        source: wgpu::ShaderSource::Wgsl(FMA_KERNEL.into()),
+    });
+    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("sweep fma"),
+        layout: None,
+        module: &module,
+        entry_point: Some("fma_rate"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipe.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: params.as_entire_binding(),
+        }],
+    });
+    let ts = Timestamps::new(ctx, runs);
+    let mut host_ms = Vec::new();
+    for r in 0..warmup + runs {
+        let t0 = Instant::now();
+        let mut enc = dev.create_command_encoder(&Default::default());
+        let slot = r.checked_sub(warmup);
+        let timed = ts.as_ref().zip(slot);
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("sweep fma rate"),
+                timestamp_writes: timed.map(|(t, s)| t.writes(s)),
+            });
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(groups, 1, 1);
+        }
+        if let Some((t, s)) = timed {
+            t.resolve(&mut enc, s);
+        }
+        wait_for(ctx, ctx.queue.submit([enc.finish()])).map_err(|e| e.to_string())?;
+        if slot.is_some() {
+            host_ms.push(ms(t0.elapsed()));
+        }
+    }
+    let (ms, how) = match &ts {
+        Some(t) => (median(&mut t.read_ms(ctx, 0..runs)?), "GPU timestamps"),
+        None => (median(&mut host_ms), "host clock around submit + wait"),
+    };
+    // 8 chains of 4 lanes a round, 2 FLOP a multiply-add.
+    let flop = groups as f64 * 256.0 * rounds as f64 * 8.0 * 4.0 * 2.0;
+    Ok(PeakFma {
+        gflops: flop / (ms * 1e-3) / 1e9,
+        how,
+    })
 }

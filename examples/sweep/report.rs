@@ -5,7 +5,7 @@ use kvq::memory::fmt_bytes;
 
 use crate::args::Wait;
 use crate::measure::{NOISY_SPREAD, Row};
-use crate::probe::PeakBandwidth;
+use crate::probe::Peaks;
 use crate::timing::gbps;
 
 /// A row's values that depend on other rows or on the peak: computed once for the table and
@@ -17,9 +17,13 @@ pub struct Derived {
     pub ratio: Option<f64>,
     /// `gbps` over the peak.
     pub frac: Option<f64>,
+    /// Attention GFLOP/s over the GPU time (host time where untimed).
+    pub gflops: f64,
+    /// `gflops` over the FP32 multiply-add peak.
+    pub fma_frac: Option<f64>,
 }
 
-pub fn derive(rows: &[Row], peak: Option<&PeakBandwidth>) -> Vec<Derived> {
+pub fn derive(rows: &[Row], peaks: &Peaks) -> Vec<Derived> {
     let none_ms = |c: u32, n: u32| {
         rows.iter()
             .find(|r| r.codec == "none" && r.ctx == c && r.queries == n)
@@ -27,11 +31,15 @@ pub fn derive(rows: &[Row], peak: Option<&PeakBandwidth>) -> Vec<Derived> {
     };
     rows.iter()
         .map(|r| {
-            let gbps = gbps(r.bytes, r.gpu_ms.unwrap_or(r.step_ms));
+            let t = r.gpu_ms.unwrap_or(r.step_ms);
+            let gbps = gbps(r.bytes, t);
+            let gflops = r.flop / (t * 1e-3) / 1e9;
             Derived {
                 gbps,
                 ratio: none_ms(r.ctx, r.queries).map(|n| r.step_ms / n),
-                frac: peak.map(|p| gbps / p.gbps),
+                frac: peaks.read.as_ref().map(|p| gbps / p.gbps),
+                gflops,
+                fma_frac: peaks.fma.as_ref().map(|p| gflops / p.gflops),
             }
         })
         .collect()
@@ -54,7 +62,7 @@ pub fn first_seen<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 }
 
 /// Prints the table, its notes and the memory by part.
-pub fn print(rows: &[Row], derived: &[Derived], peak: Option<&PeakBandwidth>, wait: Wait) {
+pub fn print(rows: &[Row], derived: &[Derived], peaks: &Peaks, wait: Wait) {
     print_table(rows, derived);
     println!(
         "step_ms: host clock around submit + wait ({}), the step recorded beforehand; record_ms: the recording",
@@ -72,10 +80,16 @@ pub fn print(rows: &[Row], derived: &[Derived], peak: Option<&PeakBandwidth>, wa
         100.0 * NOISY_SPREAD,
         rows.len()
     );
-    if let Some(p) = peak {
+    if let Some(p) = &peaks.read {
         println!(
             "GB/s: K/V bytes a step must read over its GPU time (host time where untimed); %peak: that over {:.1} GB/s, the adapter's streaming read bandwidth ({})",
             p.gbps, p.how
+        );
+    }
+    if let Some(p) = &peaks.fma {
+        println!(
+            "GFLOP/s: attention FLOP a step (QK and PV, 4 FLOP per query row, key and dimension) over its GPU time; %fma: that over {:.0} GFLOP/s, the adapter's FP32 multiply-add rate ({})",
+            p.gflops, p.how
         );
     }
     print_memory(rows);
@@ -83,7 +97,7 @@ pub fn print(rows: &[Row], derived: &[Derived], peak: Option<&PeakBandwidth>, wa
 
 fn print_table(rows: &[Row], derived: &[Derived]) {
     println!(
-        "\n{:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>7} {:>5} {:>5} {:>6} {:>5} {:>10}",
+        "\n{:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8} {:>5} {:>7} {:>7} {:>5} {:>5} {:>6} {:>5} {:>10}",
         "codec",
         "ctx",
         "step_ms",
@@ -92,6 +106,8 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
         "tok/s",
         "GB/s",
         "%peak",
+        "GFLOP/s",
+        "%fma",
         "vs_none",
         "spread",
         "bitsK",
@@ -102,7 +118,7 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
     );
     for (r, d) in rows.iter().zip(derived) {
         println!(
-            "{:<22} {:>7} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6} {:>7} {:>7} {:>5.2} {:>5.2} {:>6.0} {:>5.0} {:>10}",
+            "{:<22} {:>7} {:>9.3} {:>9.3} {:>9} {:>9.1} {:>8.1} {:>6} {:>8.0} {:>5} {:>7} {:>7} {:>5.2} {:>5.2} {:>6.0} {:>5.0} {:>10}",
             r.label(),
             r.ctx,
             r.step_ms,
@@ -111,6 +127,8 @@ fn print_table(rows: &[Row], derived: &[Derived]) {
             r.tok_s(),
             d.gbps,
             fmt_opt(d.frac.map(|f| 100.0 * f), 1),
+            d.gflops,
+            fmt_opt(d.fma_frac.map(|f| 100.0 * f), 1),
             fmt_opt(d.ratio, 3),
             format!(
                 "{:.1}%{}",
