@@ -226,36 +226,12 @@ impl ReadKernel {
 
     /// Fills the buffer once, then times the read passes.
     fn time(&self, ctx: &GpuContext) -> Result<PeakBandwidth, String> {
-        let dev = &ctx.device;
-        let (warmup, runs): (usize, usize) = if ctx.is_cpu() { (1, 3) } else { (3, 10) };
-        let ts = Timestamps::new(ctx, runs);
-        let wait = |idx| wait_for(ctx, idx).map_err(|e| e.to_string());
-        let mut enc = dev.create_command_encoder(&Default::default());
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
         self.pass(&mut enc, &self.fill, &Default::default());
-        wait(ctx.queue.submit([enc.finish()]))?;
-        let mut host_ms = Vec::new();
-        for r in 0..warmup + runs {
-            let t0 = Instant::now();
-            let mut enc = dev.create_command_encoder(&Default::default());
-            let slot = r.checked_sub(warmup);
-            let timed = ts.as_ref().zip(slot);
-            let desc = wgpu::ComputePassDescriptor {
-                label: Some("sweep read bandwidth"),
-                timestamp_writes: timed.map(|(t, s)| t.writes(s)),
-            };
-            self.pass(&mut enc, &self.read, &desc);
-            if let Some((t, s)) = timed {
-                t.resolve(&mut enc, s);
-            }
-            wait(ctx.queue.submit([enc.finish()]))?;
-            if slot.is_some() {
-                host_ms.push(ms(t0.elapsed()));
-            }
-        }
-        let (ms, how) = match &ts {
-            Some(t) => (median(&mut t.read_ms(ctx, 0..runs)?), "GPU timestamps"),
-            None => (median(&mut host_ms), "host clock around submit + wait"),
-        };
+        wait_for(ctx, ctx.queue.submit([enc.finish()])).map_err(|e| e.to_string())?;
+        let (ms, how) = time_passes(ctx, "sweep read bandwidth", |enc, desc| {
+            self.pass(enc, &self.read, desc)
+        })?;
         Ok(PeakBandwidth {
             gbps: gbps(self.bytes, ms),
             bytes: self.bytes,
@@ -317,10 +293,10 @@ pub fn peak_fma(ctx: &GpuContext) -> Option<PeakFma> {
 fn time_fma(ctx: &GpuContext) -> Result<PeakFma, String> {
     use wgpu::util::DeviceExt;
     let dev = &ctx.device;
-    let (groups, rounds, warmup, runs): (u32, u32, usize, usize) = if ctx.is_cpu() {
-        (16, 256, 1, 3)
+    let (groups, rounds): (u32, u32) = if ctx.is_cpu() {
+        (16, 256)
     } else {
-        (8192, 4096, 3, 10)
+        (8192, 4096)
     };
     let params = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("sweep fma params"),
@@ -347,22 +323,41 @@ fn time_fma(ctx: &GpuContext) -> Result<PeakFma, String> {
             resource: params.as_entire_binding(),
         }],
     });
+    let (ms, how) = time_passes(ctx, "sweep fma rate", |enc, desc| {
+        let mut pass = enc.begin_compute_pass(desc);
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups, 1, 1);
+    })?;
+    // 8 chains of 4 lanes a round, 2 FLOP a multiply-add.
+    let flop = groups as f64 * 256.0 * rounds as f64 * 8.0 * 4.0 * 2.0;
+    Ok(PeakFma {
+        gflops: flop / (ms * 1e-3) / 1e9,
+        how,
+    })
+}
+
+/// Times the pass `record` writes (into its encoder, with the descriptor's timestamps) after a
+/// warm-up: the median of several runs' GPU time where the device has timestamps, else of the
+/// host clock around submit + wait; with how it was timed.
+fn time_passes(
+    ctx: &GpuContext,
+    label: &str,
+    record: impl Fn(&mut wgpu::CommandEncoder, &wgpu::ComputePassDescriptor),
+) -> Result<(f64, &'static str), String> {
+    let (warmup, runs): (usize, usize) = if ctx.is_cpu() { (1, 3) } else { (3, 10) };
     let ts = Timestamps::new(ctx, runs);
     let mut host_ms = Vec::new();
     for r in 0..warmup + runs {
         let t0 = Instant::now();
-        let mut enc = dev.create_command_encoder(&Default::default());
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
         let slot = r.checked_sub(warmup);
         let timed = ts.as_ref().zip(slot);
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("sweep fma rate"),
-                timestamp_writes: timed.map(|(t, s)| t.writes(s)),
-            });
-            pass.set_pipeline(&pipe);
-            pass.set_bind_group(0, &bind, &[]);
-            pass.dispatch_workgroups(groups, 1, 1);
-        }
+        let desc = wgpu::ComputePassDescriptor {
+            label: Some(label),
+            timestamp_writes: timed.map(|(t, s)| t.writes(s)),
+        };
+        record(&mut enc, &desc);
         if let Some((t, s)) = timed {
             t.resolve(&mut enc, s);
         }
@@ -371,14 +366,8 @@ fn time_fma(ctx: &GpuContext) -> Result<PeakFma, String> {
             host_ms.push(ms(t0.elapsed()));
         }
     }
-    let (ms, how) = match &ts {
+    Ok(match &ts {
         Some(t) => (median(&mut t.read_ms(ctx, 0..runs)?), "GPU timestamps"),
         None => (median(&mut host_ms), "host clock around submit + wait"),
-    };
-    // 8 chains of 4 lanes a round, 2 FLOP a multiply-add.
-    let flop = groups as f64 * 256.0 * rounds as f64 * 8.0 * 4.0 * 2.0;
-    Ok(PeakFma {
-        gflops: flop / (ms * 1e-3) / 1e9,
-        how,
     })
 }
