@@ -21,8 +21,9 @@ pub enum GridTerm {
     /// `coop_rows` the append params' second and third words (the second term only for a
     /// rotated codec).
     WideGroups,
-    /// Queries per sequence of the call: 1 for a decode step or attend, `n` for a chunk of
-    /// `n` new tokens ([`crate::KvCache::chunk`]).
+    /// Queries per sequence of the call: 1 for a decode step or attend, the slice's count
+    /// for a slice of a chunk ([`crate::KvCache::chunk`]: at most
+    /// [`crate::CHUNK_SLICE_TOKENS`] of its new tokens).
     Queries,
     /// A chunk's split workgroups per KV head and split: `ceil(queries / chunk_queries)`, each
     /// serving `chunk_queries` of its new tokens (1 outside a chunk).

@@ -441,10 +441,14 @@ fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
     let kernels = export::export_kernels(cfg, Target::Browser).expect("export");
     let manifest: serde_json::Value =
         serde_json::from_str(&export::kernels_json(&kernels, |k| k.module.name())).unwrap();
+    // (module, entry point) -> grid: `split` has one rule in the decode and step modules and
+    // another in the chunk module.
     let mut rules = HashMap::new();
     for m in manifest.as_array().unwrap() {
+        let module = m["module"].as_str().unwrap().to_string();
         for e in m["entry_points"].as_array().unwrap() {
-            rules.insert(e["name"].as_str().unwrap().to_string(), e["grid"].clone());
+            let entry = e["name"].as_str().unwrap().to_string();
+            rules.insert((module.clone(), entry), e["grid"].clone());
         }
     }
     let mut checked = 0;
@@ -455,10 +459,14 @@ fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
         for pass in json["passes"].as_array().unwrap() {
             for d in pass["dispatches"].as_array().unwrap() {
                 let p = d["pipeline"].as_u64().unwrap() as usize;
-                let entry = json["pipelines"][p]["entry_point"].as_str().unwrap();
+                let pipe = &json["pipelines"][p];
+                let entry = pipe["entry_point"].as_str().unwrap();
+                let module = json["modules"][pipe["module"].as_u64().unwrap() as usize]["name"]
+                    .as_str()
+                    .unwrap();
                 let rule = rules
-                    .get(entry)
-                    .unwrap_or_else(|| panic!("{}: {entry} not in the manifest", sc.name));
+                    .get(&(module.to_string(), entry.to_string()))
+                    .unwrap_or_else(|| panic!("{}: {module}/{entry} not in the manifest", sc.name));
                 let want = grid_from_manifest(rule, shape, d);
                 let got: Vec<u64> = d["workgroups"]
                     .as_array()

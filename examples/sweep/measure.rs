@@ -73,9 +73,10 @@ impl Row {
         let step_ms = mid(&|r| r.step_ms);
         let record_ms = mid(&|r| r.record_ms);
         let wall_ms = mid(&|r| r.wall_ms);
-        let gpu_ms = rounds[0]
-            .gpu_ms
-            .is_some()
+        // GPU time only where every round has it (a device has timestamps or not).
+        let gpu_ms = rounds
+            .iter()
+            .all(|r| r.gpu_ms.is_some())
             .then(|| mid(&|r| r.gpu_ms.unwrap_or(f64::NAN)));
         let mut row = rounds.swap_remove(0);
         row.step_ms = step_ms;

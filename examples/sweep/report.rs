@@ -68,7 +68,8 @@ pub fn print(rows: &[Row], derived: &[Derived], peaks: &Peaks, wait: Wait) {
         "step_ms: host clock around submit + wait ({}), the step recorded beforehand; record_ms: the recording",
         wait.name()
     );
-    let rounds = rows.first().map_or(1, |r| r.rounds.len());
+    // (A point that failed in a round merges the rounds it has: the CSV's `rounds` column.)
+    let rounds = rows.iter().map(|r| r.rounds.len()).max().unwrap_or(1);
     let noisy = rows.iter().filter(|r| r.noisy()).count();
     println!(
         "timings: the median of {rounds} interleaved rounds' medians; spread: (max - min) / median of the rounds' {} ms, '!' past {:.0} % ({noisy} of {} points)",

@@ -56,7 +56,8 @@ pub struct ChunkIo {
 }
 
 /// Queries `first .. first + count` of a chunk: their io bind group (query, output, the
-/// slice's params) and split workgroups per KV head and split (`ceil(count / chunk_queries)`).
+/// slice's params, the log-sum-exp buffer or its stand-in) and split workgroups per KV head
+/// and split (`ceil(count / chunk_queries)`).
 pub(super) struct ChunkSlice {
     pub(super) io: Bound,
     pub(super) count: u32,

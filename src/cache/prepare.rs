@@ -4,14 +4,14 @@
 use super::bind::{Bound, bind_buffers};
 use super::buffers::init_buffer;
 use super::io::{AppendInput, AttendIo, ChunkIo, ChunkSlice, StepIo};
+use super::kv_cache::KvCache;
+use crate::error::{KvqError, Result};
+use crate::kernels::InputType;
 
 /// Most new tokens per sequence a chunk attends together: a longer chunk is attended in slices
 /// of this many, one after another, so its decode scratch (every split's partials per query)
 /// stays that of this many queries (qwen3-8b at 64 splits: 1.1 MB a query).
 pub const CHUNK_SLICE_TOKENS: u32 = 256;
-use super::kv_cache::KvCache;
-use crate::error::{KvqError, Result};
-use crate::kernels::InputType;
 
 /// Words each invocation of the wide append handles at least.
 const WIDE_ITEMS: u32 = 16;

@@ -51,7 +51,8 @@ pub struct PlanDispatch {
     /// [`ReplayPlan::grid_shape`], what the entry point's
     /// [`Dispatch`](crate::dispatch::Dispatch) rule gives `workgroups` from.
     pub wide_groups: u32,
-    /// [`GridShape::queries`] of the call (1 but for a chunk of several new tokens).
+    /// [`GridShape::queries`] of the call (1 but for a slice of a chunk of several new
+    /// tokens: the slice's count).
     pub queries: u32,
     /// [`GridShape::query_groups`] of the call (1 but for a chunk of several new tokens).
     pub query_groups: u32,

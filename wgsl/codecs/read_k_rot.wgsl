@@ -2,7 +2,7 @@
 #unroll $k KCG
 #unroll $t KTG
 // Scores of a rotated-codec K row (turbo / rotor / iso) against the rotated query in rot_sh
-// rows 0..G: per block of 32 codes (K_BITS words, loaded together) the codes are cut out four
+// rows 0..GR: per block of 32 codes (K_BITS words, loaded together) the codes are cut out four
 // at a time, looked up in the level table (k_levels4), dotted with the query and scaled by the
 // block's (or the row's) scale. With QJL, the residual's sign bits add the estimator's
 // correction.

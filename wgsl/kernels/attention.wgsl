@@ -291,9 +291,9 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     var start = 0u;
     var end = 0u;
     if s > 0u {
-        let chunk = select(max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK), full, cut > 0u);
-        start = min((s - 1u) * chunk, stored - cut);
-        end = min(start + chunk, stored - cut);
+        let per = select(max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK), full, cut > 0u);
+        start = min((s - 1u) * per, stored - cut);
+        end = min(start + per, stored - cut);
     } else {
         if fresh == 0u {
             start = stored - cut;
@@ -379,7 +379,8 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             // Rows are loaded in batches, all of a batch before any math: a lone load per token
             // would leave the loop waiting on memory latency once per token. A full tile takes
             // VBF rows a batch where that is faster (KernelConfig::v_batch_full: more loads in
-            // flight for the long contexts), then VB (32 values per invocation), then one.
+            // flight for the long contexts), then VB (32 values per invocation, divided among
+            // a chunk's tokens), then one.
             var i = j;
             if VBF > VB && tn == WG {
                 for (; i + (VBF - 1u) * J < tn; i += VBF * J) {
