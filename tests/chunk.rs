@@ -140,6 +140,12 @@ fn chunks_over_a_sliding_window_whose_ring_wraps_inside_the_chunk() {
     );
     let ring = spec("k_turbo4", 128, 4, 4, 1, 160).with_window(100);
     check(segmented(ring), 170, &[40]);
+    // A chunk of two slices (256 + 44) through a wrapped ring.
+    check(
+        spec("q8_sym", 64, 4, 2, 1, 600).with_window(200),
+        650,
+        &[300],
+    );
 }
 
 /// `s` with storage segments of 64 tokens.
