@@ -40,6 +40,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../wgsl/shared/encode_rows.wgsl"),
     ),
     (
+        "shared/lengths.wgsl",
+        include_str!("../../wgsl/shared/lengths.wgsl"),
+    ),
+    (
         "codecs/stores.wgsl",
         include_str!("../../wgsl/codecs/stores.wgsl"),
     ),

@@ -11,6 +11,7 @@
 #include "shared/common.wgsl"
 #include "shared/rotate.wgsl"
 #include "shared/encode_rows.wgsl"
+#include "shared/lengths.wgsl"
 // k_store (binding 1) and v_store (binding 2), with their encode_k / encode_v.
 #include "codecs/stores.wgsl" access=read_write
 
@@ -90,28 +91,23 @@ fn encode_range(lid: u32, b: u32, base: u32, first: u32, last: u32) {
     }
 }
 
-// Overflow (base + n > CAP, never for a ring) writes nothing and raises the sequence's overflow flag instead.
-fn commit(b: u32, base: u32) {
-    let li = len_index(seg.layer, b);
-    if fits(base, input.n) {
-        lens[li] = base + input.n;
-    } else {
-        lens[LAYERS * B + li] = 1u;
-    }
-}
-
-// Dispatch (1, B, 1).
-@compute @workgroup_size(256)
-fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let b = wid.y;
-    // The encoders' tables, published by the barrier of workgroupUniformLoad.
+// Loads the encoders' tables and returns sequence b's length before the append, both
+// published by the barrier of workgroupUniformLoad (uniform control flow only).
+fn append_start(lid: u32, b: u32) -> u32 {
     load_diag(lid, APPEND_WG, true, true);
     k_load_levels(lid);
     v_load_levels(lid);
     if lid == 0u {
         base_sh = lens[len_index(seg.layer, b)];
     }
-    let base = workgroupUniformLoad(&base_sh);
+    return workgroupUniformLoad(&base_sh);
+}
+
+// Dispatch (1, B, 1).
+@compute @workgroup_size(256)
+fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let b = wid.y;
+    let base = append_start(lid, b);
     if fits(base, input.n) {
         for (var i = lid; i < input.n * KVH * ROW_TASKS; i += APPEND_WG) {
             write_task(b, base, i);
@@ -122,7 +118,7 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     }
     // Only invocation 0 touches the length, and it read it above: no other ordering needed.
     if lid == 0u && seg.is_last == 1u {
-        commit(b, base);
+        advance_len(b, base, input.n);
     }
 }
 
@@ -131,14 +127,7 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 @compute @workgroup_size(256)
 fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
-    // The encoders' tables, published by the barrier of workgroupUniformLoad.
-    load_diag(lid, APPEND_WG, true, true);
-    k_load_levels(lid);
-    v_load_levels(lid);
-    if lid == 0u {
-        base_sh = lens[len_index(seg.layer, b)];
-    }
-    let base = workgroupUniformLoad(&base_sh);
+    let base = append_start(lid, b);
     if !fits(base, input.n) {
         return;
     }
@@ -156,5 +145,5 @@ fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
 // Dispatch (1, B, 1) after every segment's append_wide.
 @compute @workgroup_size(1)
 fn append_commit(@builtin(workgroup_id) wid: vec3<u32>) {
-    commit(wid.y, lens[len_index(seg.layer, wid.y)]);
+    advance_len(wid.y, lens[len_index(seg.layer, wid.y)], input.n);
 }

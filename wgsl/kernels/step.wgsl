@@ -8,6 +8,7 @@
 #include "shared/common.wgsl"
 #include "shared/rotate.wgsl"
 #include "shared/encode_rows.wgsl"
+#include "shared/lengths.wgsl"
 #include "codecs/stores.wgsl" access=read_write
 #include "codecs/readers.wgsl"
 
@@ -74,12 +75,7 @@ fn committed_len(b: u32) -> u32 {
 
 // Called by one invocation per sequence after every split has read the old length `len`.
 fn commit_step(b: u32, len: u32) {
-    let li = len_index(seg.layer, b);
-    if fits(len, input.n) {
-        lens[li] = len + input.n;
-    } else {
-        lens[LAYERS * B + li] = 1u;
-    }
+    advance_len(b, len, input.n);
 }
 
 #include "kernels/attention.wgsl" scores=s_sh weights=p_sh lanes=comb
