@@ -233,6 +233,8 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
     // rot_sh, once the new rows, whose encoding uses rot_sh, are written.)
     if !K_ROTATED {
+        // A chunk's rows are (token, head) pairs, some past its last token; the decode keeps
+        // its own loop (rows are heads: no division per element).
 #if CHUNK
         for (var i = lid; i < GR * D / 4u; i += WG) {
             let r = i / (D / 4u);
