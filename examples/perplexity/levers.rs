@@ -18,9 +18,13 @@
 //!   spreads outlier channels over every coordinate before iso's and rotor's small rotations.
 //! - `sink`: the first `calib` tokens stay exact (f16), as an attention sink store would keep
 //!   them.
+//! - `recentN`: each query sees its own and the N - 1 positions before it exact (f16), the
+//!   rest through the codec, as a cache that encodes a token only once it is N tokens old
+//!   would (a KIVI-style f16 residual window).
 
 use kvq::KvCodecs;
 use kvq::codec::{CodecRef, rotation};
+use rayon::prelude::*;
 
 use crate::attention::exact;
 use crate::model::{Attention, Config, LayerQkv};
@@ -40,6 +44,8 @@ pub struct Levers {
     pub sink: bool,
     /// Calibration tokens (the first of the sequence).
     pub calib: usize,
+    /// Positions before each query (its own included) that it sees exact; 0 for none.
+    pub recent: usize,
 }
 
 impl Levers {
@@ -57,9 +63,14 @@ impl Levers {
                 "vmean" => l.v_mean = true,
                 "had" => l.hadamard = true,
                 "sink" => l.sink = true,
+                r if r.starts_with("recent") => {
+                    l.recent = r["recent".len()..]
+                        .parse()
+                        .map_err(|_| format!("bad lever '{r}' (recentN, N tokens)"))?;
+                }
                 _ => {
                     return Err(format!(
-                        "unknown lever '{part}' (kmean, kscale, vmean, had, sink)"
+                        "unknown lever '{part}' (kmean, kscale, vmean, had, sink, recentN)"
                     ));
                 }
             }
@@ -78,8 +89,11 @@ impl Levers {
             (self.sink, "sink"),
         ] {
             if on {
-                v.push(n);
+                v.push(n.to_string());
             }
+        }
+        if self.recent > 0 {
+            v.push(format!("recent{}", self.recent));
         }
         if v.is_empty() {
             return "ref".into();
@@ -185,9 +199,34 @@ impl Attention for Sim {
             k: &k,
             v: &v,
         };
-        Ok(exact(&self.cfg, &quant)
-            .into_iter()
-            .map(|x| x as f32)
-            .collect())
+        if l.recent == 0 {
+            return Ok(exact(&self.cfg, &quant)
+                .into_iter()
+                .map(|x| x as f32)
+                .collect());
+        }
+        // Query t sees rows t + 1 - recent ..= t as f16, the older ones decoded.
+        let f16 = |x: &[f32]| -> Vec<f32> {
+            x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+        };
+        let (kh, vh) = (f16(qkv.k), f16(qkv.v));
+        let (hq, hk, d) = (self.cfg.q_heads, self.cfg.kv_heads, self.cfg.head_dim);
+        let row = hk * d;
+        let tokens = qkv.q.len() / (hq * d);
+        let scale = 1.0 / (d as f64).sqrt();
+        let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let q = wide(qkv.q);
+        let out: Vec<Vec<f64>> = (0..tokens)
+            .into_par_iter()
+            .map(|t| {
+                let cut = (t + 1).saturating_sub(l.recent);
+                let mut kk = wide(&k[..cut * row]);
+                kk.extend(wide(&kh[cut * row..(t + 1) * row]));
+                let mut vv = wide(&v[..cut * row]);
+                vv.extend(wide(&vh[cut * row..(t + 1) * row]));
+                kvq::reference::attention(&q[t * hq * d..][..hq * d], &kk, &vv, hq, hk, d, scale)
+            })
+            .collect();
+        Ok(out.into_iter().flatten().map(|x| x as f32).collect())
     }
 }

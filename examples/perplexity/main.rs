@@ -53,6 +53,9 @@ const USAGE: &str =
   --levers LIST  also run each codec through its CPU reference with candidate levers, e.g.
                  ref,kmean,kmean+sink,had+kmean+sink (see levers.rs; rows <codec>@<levers>)
   --calib N      calibration / exact tokens of the levers (default 16)
+  --score-from N score positions N.. only (default 0): every position still attends all the
+                 tokens before it, but early positions, whose whole context a lever such as
+                 recentN keeps exact, no longer count
   --levers-only  run only the lever rows (and exact, none): not the codecs' GPU rows
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
   --plot FILE    KL divergence against stored bits per value, SVG
@@ -64,6 +67,8 @@ pub const RECOMMENDED: &[&str] = &["q8_sym", "k_q8", "turbo4_sym"];
 struct Args {
     codecs: Vec<Cache>,
     tokens: usize,
+    /// First position scored.
+    score_from: usize,
     text: PathBuf,
     model: Option<PathBuf>,
     csv: Option<PathBuf>,
@@ -95,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         codecs: Vec::new(),
         tokens: 600,
+        score_from: 0,
         text: DEFAULT_TEXT.into(),
         model: None,
         csv: None,
@@ -120,6 +126,9 @@ fn parse_args() -> Result<Args, String> {
             "--text" => a.text = val.into(),
             "--model" => a.model = Some(val.into()),
             "--levers" => lever_list = Some(val),
+            "--score-from" => {
+                a.score_from = val.parse().map_err(|_| format!("bad --score-from {val}"))?
+            }
             "--calib" => calib = val.parse().map_err(|_| format!("bad --calib {val}"))?,
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
@@ -396,6 +405,20 @@ fn run(args: &Args) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?,
     );
+    if args.score_from + 2 > setup.tokens.len() {
+        return Err(format!(
+            "--score-from {} leaves no position to score among {} tokens",
+            args.score_from,
+            setup.tokens.len()
+        ));
+    }
+    if args.score_from > 0 {
+        eprintln!(
+            "scoring positions {}..{} only",
+            args.score_from,
+            setup.tokens.len() - 1
+        );
+    }
     let mut rows: Vec<Row> = Vec::new();
     // `none` runs first: the baseline every run is scored against.
     let mut base: Option<(Vec<f32>, f64)> = None;
@@ -403,11 +426,13 @@ fn run(args: &Args) -> Result<(), String> {
         bar.set_message(cache.name());
         let mut run = setup.run(*cache, &mut || bar.inc(1))?;
         let lp = std::mem::take(&mut run.log_probs);
+        // Positions `from..` predict tokens `from + 1..`.
+        let (v, from) = (cfg.vocab, args.score_from);
         let (b, base_ppl) = base.get_or_insert_with(|| {
-            let ppl = metrics::perplexity(&lp, cfg.vocab, &setup.tokens);
+            let ppl = metrics::perplexity(&lp[from * v..], v, &setup.tokens[from..]);
             (lp.clone(), ppl)
         });
-        let scores = score(&lp, b, cfg.vocab, &setup.tokens);
+        let scores = score(&lp[from * v..], &b[from * v..], v, &setup.tokens[from..]);
         let dppl_pct = (scores.ppl / *base_ppl - 1.0) * 100.0;
         let line = format!(
             "[{}/{}] {}: PPL {:.3}, KLD {:.4}, top-1 {:.3} ({:.1} s)",
