@@ -46,7 +46,8 @@ pub struct Run {
     /// Per-layer relative error of the attention output against the f64 reference on the
     /// same layer's inputs.
     pub layer_err: Vec<f64>,
-    /// Stored bits per value of K and V.
+    /// Stored bits per value of K and V (a lever row's at the text's length, exact tokens and
+    /// means included).
     pub bits: (f64, f64),
     /// Wall time of the forward, seconds.
     pub seconds: f64,
@@ -119,7 +120,15 @@ impl Setup {
         let (inner, bits): (Box<dyn Attention>, _) = match cache {
             Cache::Exact => (Box::new(Exact(cfg.clone())), (32.0, 32.0)),
             Cache::Kvq(c) | Cache::Sim(c, _) => {
-                let bits = (c.k.bits_per_value(d), c.v.bits_per_value(d));
+                let mut bits = (c.k.bits_per_value(d), c.v.bits_per_value(d));
+                if let Cache::Sim(_, l) = cache {
+                    // Exact tokens and calibration means count at this text's length.
+                    let t = self.tokens.len();
+                    bits = (
+                        l.stored_bits(bits.0, t, l.k_mean),
+                        l.stored_bits(bits.1, t, l.v_mean),
+                    );
+                }
                 let a: Box<dyn Attention> = match cache {
                     Cache::Sim(_, levers) => Box::new(Sim::new(cfg, c, levers)?),
                     _ => Box::new(Kvq::new(&self.ctx, cfg, c, self.tokens.len() as u32)?),

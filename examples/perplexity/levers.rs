@@ -78,6 +78,20 @@ impl Levers {
         Ok(l)
     }
 
+    /// Stored bits per value of a side whose codec stores `codec_bits`, over a sequence of
+    /// `tokens`: the exact tokens (the first `calib` with `sink`, the last `recent`) at 16
+    /// bits, the rest at `codec_bits`, and with `mean` one f32 mean per channel and KV head.
+    pub fn stored_bits(&self, codec_bits: f64, tokens: usize, mean: bool) -> f64 {
+        let t = tokens.max(1);
+        let sink = if self.sink { self.calib } else { 0 };
+        let exact = (sink + self.recent).min(t);
+        let mut bits = (exact as f64 * 16.0 + (t - exact) as f64 * codec_bits) / t as f64;
+        if mean {
+            bits += 32.0 / t as f64;
+        }
+        bits
+    }
+
     /// The `+`-joined name.
     pub fn name(&self) -> String {
         let mut v = Vec::new();
