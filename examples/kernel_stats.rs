@@ -88,7 +88,7 @@ fn spirv(src: &str, entry: &str, clamp: bool) -> Result<(Vec<u32>, Vec<Binding>)
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
     let info = Validator::new(
         ValidationFlags::all(),
-        Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SHADER_FLOAT16,
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32,
     )
     .validate(&module)
     .map_err(|e| e.emit_to_string(src))?;

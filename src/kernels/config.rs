@@ -12,11 +12,6 @@ use crate::error::{KvqError, Result};
 /// chunk across blocks of this many tokens, and storage segments start on whole blocks.
 pub(crate) const K_BLOCK: u32 = 32;
 
-/// PROTOTYPE: packed f16 products in a rotated K's scores (KVQ_PROTO_F16=1).
-fn proto_fast(c: &KernelConfig) -> bool {
-    c.k.kind.is_rotated() && !c.k.qjl && std::env::var("KVQ_PROTO_F16").is_ok_and(|v| v == "1")
-}
-
 /// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ShapeRule {
@@ -249,7 +244,6 @@ impl KernelConfig {
             Value::Bool(self.k.kind.is_rotated() || self.v.kind.is_rotated()),
         );
         h.constant("SCALE", Value::F32(self.scale));
-        h.constant("FAST", Value::Bool(proto_fast(self)));
         h
     }
 
@@ -288,11 +282,7 @@ impl KernelConfig {
         defines.switch("ENCODE", module.encodes());
         defines.switch("IN_F16", module.input() == Some(InputType::F16));
         defines.switch("CHUNK", module == KernelModule::Chunk);
-        let src = preprocess::assemble(module.root(), &defines)?;
-        if proto_fast(self) {
-            return Ok(format!("enable f16;\n{src}"));
-        }
-        Ok(src)
+        preprocess::assemble(module.root(), &defines)
     }
 
     /// Every kernel source with a short name, as compiled for this configuration.

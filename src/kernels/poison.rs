@@ -31,7 +31,6 @@ fn poison_value(types: &naga::UniqueArena<Type>, ty: Handle<Type>) -> Option<Str
     let (t, v) = match (s.kind, s.width) {
         (ScalarKind::Float, 4) => ("f32", format!("bitcast<f32>({NAN_BITS})")),
         (ScalarKind::Uint, 4) => ("u32", U32_POISON.to_string()),
-        (ScalarKind::Float, 2) => ("f16", format!("f16(bitcast<f32>({NAN_BITS}))")),
         _ => return None,
     };
     Some(match size {

@@ -21,39 +21,6 @@ fn k_load_pairs(lid: u32) {
     }
 }
 
-#if FAST
-// PROTOTYPE (packed f16 products): the level pairs and the rotated query as f16.
-var<workgroup> lp16_k: array<vec2<f16>, max(K_NPAIR, 16u)>;
-var<workgroup> q16_sh: array<vec4<f16>, GR * RW / 4u>;
-fn k_load_pairs16(lid: u32) {
-    if K_PAIRS {
-        for (var i = lid; i < K_NPAIR; i += WG) {
-            lp16_k[i] = vec2<f16>(lp_k[i]);
-        }
-    } else if lid < 16u {
-        lp16_k[lid] = vec2<f16>(f16(lv_k[lid]), 0.0h);
-    }
-    for (var i = lid; i < GR * RW / 4u; i += WG) {
-        q16_sh[i] = vec4<f16>(rot_sh[i]);
-    }
-}
-// 4 products of field f's levels with query words q (2 f16 each) into acc.
-fn k_dot4_16(f: u32, q: vec4<f16>, acc: vec2<f16>) -> vec2<f16> {
-    var a: vec2<f16>;
-    var b: vec2<f16>;
-    if K_PAIRS {
-        let p = (vec2<u32>(f) >> vec2<u32>(0u, 2u * K_BITS)) & vec2<u32>(K_NPAIR - 1u);
-        a = lp16_k[p.x];
-        b = lp16_k[p.y];
-    } else {
-        let c = (vec4<u32>(f) >> vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS)) & vec4<u32>((1u << K_BITS) - 1u);
-        a = vec2<f16>(lp16_k[c.x].x, lp16_k[c.y].x);
-        b = vec2<f16>(lp16_k[c.z].x, lp16_k[c.w].x);
-    }
-    return fma(q.zw, b, fma(q.xy, a, acc));
-}
-#endif
-
 // The levels of the 4 codes in the 4 K_BITS-bit field f: two pair lookups, or four.
 fn k_levels4(f: u32) -> vec4<f32> {
     if K_PAIRS {
@@ -109,17 +76,10 @@ fn k_scores(row: u32) {
             nn += 32.0 * s * s;
         }
         let w = k_block_words(base, j);
-#if FAST
-        let f$k = k_field(w, 4u * $ku * K_BITS);
-        var part$g = vec2<f16>(0.0h);
-        part$g = k_dot4_16(f$k, q16_sh[$g * (RW / 4u) + 8u * j + $k], part$g);
-        sc$g += s * (f32(part$g.x) + f32(part$g.y));
-#else
         let l$k = k_levels4(k_field(w, 4u * $ku * K_BITS));
         var part$g = 0.0;
         part$g = fma4(part$g, rot_sh[$g * (RW / 4u) + 8u * j + $k], l$k);
         sc$g += s * part$g;
-#endif
     }
     // A short last block (rotor: 129 codes at D = 128) decodes only its groups of 4 codes
     // (`$t` lines), not 8: a whole block's work for its one code was a fifth of the K phase.

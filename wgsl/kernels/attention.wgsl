@@ -313,11 +313,6 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     if K_ROTATED {
         rotate_query(lid, b, h);
     }
-#if FAST
-    workgroupBarrier();
-    k_load_pairs16(lid);
-    workgroupBarrier();
-#endif
 
     let c = lid % VC;
     let j = lid / VC;
