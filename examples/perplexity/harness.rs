@@ -125,8 +125,8 @@ impl Setup {
                     // Exact tokens and calibration means count at this text's length.
                     let t = self.tokens.len();
                     bits = (
-                        l.stored_bits(bits.0, t, l.k_mean),
-                        l.stored_bits(bits.1, t, l.v_mean),
+                        l.stored_bits(bits.0, t, l.k_mean as u32 + l.k_scale as u32),
+                        l.stored_bits(bits.1, t, l.v_mean as u32),
                     );
                 }
                 let a: Box<dyn Attention> = match cache {

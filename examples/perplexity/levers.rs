@@ -49,8 +49,8 @@ pub struct Levers {
 }
 
 impl Levers {
-    /// Parses `kmean+vmean+had+sink` (any subset, `+`-separated; `ref` for none: the plain
-    /// CPU reference codec) with `calib` tokens.
+    /// Parses `kmean+vmean+had+sink+recent32` (any subset, `+`-separated; `ref` for none: the
+    /// plain CPU reference codec) with `calib` tokens.
     pub fn parse(s: &str, calib: usize) -> Result<Levers, String> {
         let mut l = Levers {
             calib,
@@ -64,9 +64,11 @@ impl Levers {
                 "had" => l.hadamard = true,
                 "sink" => l.sink = true,
                 r if r.starts_with("recent") => {
-                    l.recent = r["recent".len()..]
-                        .parse()
-                        .map_err(|_| format!("bad lever '{r}' (recentN, N tokens)"))?;
+                    let n: usize = r["recent".len()..].parse().unwrap_or(0);
+                    if n == 0 || l.recent != 0 {
+                        return Err(format!("bad lever '{r}' (one recentN, N at least 1 token)"));
+                    }
+                    l.recent = n;
                 }
                 _ => {
                     return Err(format!(
@@ -80,16 +82,17 @@ impl Levers {
 
     /// Stored bits per value of a side whose codec stores `codec_bits`, over a sequence of
     /// `tokens`: the exact tokens (the first `calib` with `sink`, the last `recent`) at 16
-    /// bits, the rest at `codec_bits`, and with `mean` one f32 mean per channel and KV head.
-    pub fn stored_bits(&self, codec_bits: f64, tokens: usize, mean: bool) -> f64 {
+    /// bits, the rest at `codec_bits`, and `vectors` f32 values per channel and KV head (a
+    /// mean, a scale). A side kept in f16 (16 bits) stores neither.
+    pub fn stored_bits(&self, codec_bits: f64, tokens: usize, vectors: u32) -> f64 {
+        if codec_bits >= 16.0 {
+            return codec_bits;
+        }
         let t = tokens.max(1);
         let sink = if self.sink { self.calib } else { 0 };
         let exact = (sink + self.recent).min(t);
-        let mut bits = (exact as f64 * 16.0 + (t - exact) as f64 * codec_bits) / t as f64;
-        if mean {
-            bits += 32.0 / t as f64;
-        }
-        bits
+        let bits = (exact as f64 * 16.0 + (t - exact) as f64 * codec_bits) / t as f64;
+        bits + 32.0 * vectors as f64 / t as f64
     }
 
     /// The `+`-joined name.

@@ -51,7 +51,7 @@ const USAGE: &str =
   --model GGUF   the model (default $KVQ_MODEL, else .models/SmolLM2-135M-Instruct.Q4_1.gguf,
                  which bench/fetch-smollm2.sh fetches)
   --levers LIST  also run each codec through its CPU reference with candidate levers, e.g.
-                 ref,kmean,kmean+sink,had+kmean+sink (see levers.rs; rows <codec>@<levers>)
+                 ref,recent32,kmean+sink+recent32 (see levers.rs; rows <codec>@<levers>)
   --calib N      calibration / exact tokens of the levers (default 16)
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
@@ -191,18 +191,25 @@ fn csv_name(name: &str) -> String {
     }
 }
 
-fn write_csv(path: &PathBuf, rows: &[Row], tokens: usize) -> std::io::Result<()> {
+/// `score_from`: the first position scored (`--score-from`): PPL, KLD and top-1 cover the
+/// predictions from there on, the attention errors every position.
+fn write_csv(
+    path: &PathBuf,
+    rows: &[Row],
+    tokens: usize,
+    score_from: usize,
+) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
     writeln!(
         f,
         "cache,bits_k,bits_v,tokens,ppl,dppl_pct,kld,kld_p99,top1,recommended,\
-         attn_err_mean,attn_err_max,attn_err_max_layer,seconds"
+         attn_err_mean,attn_err_max,attn_err_max_layer,seconds,score_from"
     )?;
     for r in rows {
         let (l, e) = r.err_max();
         writeln!(
             f,
-            "{},{:.4},{:.4},{tokens},{:.4},{:.3},{:.6},{:.6},{:.4},{},{:.6},{:.6},{l},{:.1}",
+            "{},{:.4},{:.4},{tokens},{:.4},{:.3},{:.6},{:.6},{:.4},{},{:.6},{:.6},{l},{:.1},{score_from}",
             csv_name(&r.name),
             r.run.bits.0,
             r.run.bits.1,
@@ -414,9 +421,9 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if args.score_from > 0 {
         eprintln!(
-            "scoring positions {}..{} only",
+            "scoring the predictions from positions {}..={} only",
             args.score_from,
-            setup.tokens.len() - 1
+            setup.tokens.len() - 2
         );
     }
     let mut rows: Vec<Row> = Vec::new();
@@ -460,7 +467,8 @@ fn run(args: &Args) -> Result<(), String> {
     bar.finish_and_clear();
     print_table(&rows, setup.tokens.len(), &device);
     if let Some(p) = &args.csv {
-        write_csv(p, &rows, setup.tokens.len()).map_err(|e| format!("{}: {e}", p.display()))?;
+        write_csv(p, &rows, setup.tokens.len(), args.score_from)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
     }
     if let Some(p) = &args.plot {
         let title = format!(

@@ -16,7 +16,8 @@ pub fn log_probs(logits: &[f32], vocab: usize) -> Vec<f32> {
 /// One run's figures against the baseline.
 #[derive(Clone, Debug)]
 pub struct Scores {
-    /// Perplexity over the predicted tokens (positions `0..n-1` predicting `1..n`).
+    /// Perplexity over the predicted tokens (positions `0..n-1` of the scored slice predicting
+    /// `1..n`; the example's `--score-from` slices the text).
     pub ppl: f64,
     /// Mean KL(baseline ‖ run) over those positions, nats.
     pub kld: f64,
