@@ -347,6 +347,7 @@ fn run() -> Result<(), Error> {
             workgroup: args.workgroup,
             k: c.k,
             v: c.v,
+            exact: Default::default(),
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.

@@ -14,7 +14,8 @@ pub enum GridTerm {
     QHeads,
     /// KV heads × sequences (one decode workgroup per KV head of each sequence).
     KvHeadsBatch,
-    /// Decode splits per storage segment, plus the one for the tokens a fused step appends.
+    /// Decode splits per storage segment, plus the one for the tokens a fused step appends,
+    /// plus one for the exact tokens where the cache keeps them ([`crate::ExactTokens`]).
     SplitsPlusOne,
     /// `append_wide`'s workgroups for an append of `n` tokens: `max(ceil(n * kv_heads *
     /// tasks_per_row / (256 * items)), ceil(n * kv_heads / coop_rows))` with `items` and
@@ -38,7 +39,7 @@ impl GridTerm {
             GridTerm::Batch => "batch",
             GridTerm::QHeads => "q_heads",
             GridTerm::KvHeadsBatch => "kv_heads * batch",
-            GridTerm::SplitsPlusOne => "splits + 1",
+            GridTerm::SplitsPlusOne => "splits + 1 + exact",
             GridTerm::WideGroups => "wide_groups",
             GridTerm::Queries => "queries",
             GridTerm::QueryGroups => "query_groups",
@@ -52,7 +53,7 @@ impl GridTerm {
             GridTerm::Batch => s.batch,
             GridTerm::QHeads => s.q_heads,
             GridTerm::KvHeadsBatch => s.kv_heads * s.batch,
-            GridTerm::SplitsPlusOne => s.splits + 1,
+            GridTerm::SplitsPlusOne => s.splits + 1 + s.exact,
             GridTerm::WideGroups => s.wide_groups,
             GridTerm::Queries => s.queries,
             GridTerm::QueryGroups => s.query_groups,
@@ -71,6 +72,8 @@ pub struct GridShape {
     pub kv_heads: u32,
     /// Decode splits per storage segment (the cache's, after its defaults and clamps).
     pub splits: u32,
+    /// 1 where the cache keeps exact tokens ([`crate::ExactTokens`]), else 0.
+    pub exact: u32,
     /// [`GridTerm::WideGroups`] of the call (0 outside an `append_wide`).
     pub wide_groups: u32,
     /// [`GridTerm::Queries`] of the call (1 outside a chunk).
@@ -165,16 +168,17 @@ mod tests {
 
     #[test]
     fn rules_read_as_their_terms() {
-        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1, 1)");
+        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1 + exact, 1)");
         assert_eq!(
             CHUNK_SPLIT.formula(),
-            "(kv_heads * batch, splits + 1, query_groups)"
+            "(kv_heads * batch, splits + 1 + exact, query_groups)"
         );
         let s = GridShape {
             batch: 3,
             q_heads: 16,
             kv_heads: 4,
             splits: 7,
+            exact: 0,
             wide_groups: 9,
             queries: 5,
             query_groups: 2,

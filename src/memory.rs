@@ -88,6 +88,8 @@ pub struct MemoryReport {
     pub scratch: u64,
     /// Uniform parameter buffers (one per storage segment of each layer).
     pub params: u64,
+    /// The exact tokens' rows ([`crate::ExactTokens`]; 0 where the cache keeps none).
+    pub exact: u64,
     /// Buffers of the host convenience API ([`crate::KvCache::append_host`] and
     /// [`crate::KvCache::attend_host`]), 0 until it is first used.
     pub host_staging: u64,
@@ -126,6 +128,7 @@ impl MemoryReport {
             + self.constants
             + self.scratch
             + self.params
+            + self.exact
             + self.host_staging
     }
 }
@@ -164,6 +167,9 @@ impl fmt::Display for MemoryReport {
             fmt_bytes(self.scratch),
             fmt_bytes(self.params),
         )?;
+        if self.exact > 0 {
+            write!(f, " + exact tokens {}", fmt_bytes(self.exact))?;
+        }
         if self.host_staging > 0 {
             write!(f, " + host staging {}", fmt_bytes(self.host_staging))?;
         }

@@ -6,6 +6,41 @@ use crate::error::{KvqError, Result};
 /// Most (layer, sequence) pairs a cache may hold (`layers * batch`).
 pub const MAX_LENGTHS: u64 = 1 << 20;
 
+/// Tokens a cache keeps exact (f16, as the caller gave them) beside their codes, and attends
+/// in place of the codes: each sequence's first `sink` positions and its newest `recent`. On a
+/// real model these are what a quantized cache must not lose (QUALITY.md: on SmolLM2, 16 + 32
+/// of them cut `turbo4_sym`'s KL divergence from 0.068 to 0.006). The store still encodes
+/// every token, so nothing is re-encoded when a token grows old. Costs
+/// `(sink + recent) x head_dim x 4` bytes per sequence, KV head and layer
+/// ([`crate::MemoryReport::exact`]). A decode step sees exactly its newest `recent` tokens
+/// exact; a chunk's queries see the newest `recent` of the cache after the whole chunk. Not
+/// with a sliding [`CacheSpec::window`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExactTokens {
+    /// The first positions of every sequence (attention sinks).
+    pub sink: u32,
+    /// The newest positions of every sequence.
+    pub recent: u32,
+}
+
+impl ExactTokens {
+    /// None: every token through the codec.
+    pub const NONE: ExactTokens = ExactTokens { sink: 0, recent: 0 };
+
+    /// Whether any token is kept exact.
+    pub fn any(&self) -> bool {
+        self.sink + self.recent > 0
+    }
+
+    /// Exact rows per sequence, KV head and layer.
+    pub fn rows(&self) -> u32 {
+        self.sink + self.recent
+    }
+}
+
+/// Most exact tokens a cache keeps per sequence ([`ExactTokens::rows`]).
+pub const MAX_EXACT_TOKENS: u32 = 4096;
+
 /// What a [`crate::KvCache`] holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheSpec {
@@ -47,6 +82,8 @@ pub struct CacheSpec {
     /// Invocations per decode workgroup (64, 128 or 256); `None` takes the adapter's
     /// [`crate::tuning`] entry's (128 on every adapter today).
     pub workgroup: Option<u32>,
+    /// Tokens kept exact beside their codes ([`ExactTokens`]); none by default.
+    pub exact: ExactTokens,
 }
 
 /// Most tokens a cache holds: a ring's slot arithmetic (`wgsl/shared/common.wgsl`, `seg_runs`) adds
@@ -76,6 +113,7 @@ impl CacheSpec {
             splits: None,
             segment_tokens: None,
             workgroup: None,
+            exact: ExactTokens::NONE,
         }
     }
 
@@ -94,6 +132,12 @@ impl CacheSpec {
     /// Makes the cache a sliding window of `window` tokens (see [`CacheSpec::window`]).
     pub fn with_window(mut self, window: u32) -> CacheSpec {
         self.window = Some(window);
+        self
+    }
+
+    /// Keeps each sequence's first `sink` and newest `recent` tokens exact ([`ExactTokens`]).
+    pub fn with_exact(mut self, sink: u32, recent: u32) -> CacheSpec {
+        self.exact = ExactTokens { sink, recent };
         self
     }
 
@@ -144,6 +188,17 @@ impl CacheSpec {
         }
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
+        }
+        if self.exact.any() && self.window.is_some() {
+            return bad(
+                "exact tokens (CacheSpec::exact) are not supported with a sliding window".into(),
+            );
+        }
+        if self.exact.sink as u64 + self.exact.recent as u64 > MAX_EXACT_TOKENS as u64 {
+            return bad(format!(
+                "exact tokens: sink {} + recent {} is above {MAX_EXACT_TOKENS}",
+                self.exact.sink, self.exact.recent
+            ));
         }
         if self.batch as u64 * self.kv_heads as u64 > 65535 {
             // One decode workgroup row per (sequence, kv head): WebGPU's dispatch limit.

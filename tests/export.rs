@@ -39,6 +39,7 @@ fn configs() -> Vec<KernelConfig> {
                 workgroup: 128,
                 k,
                 v: vc,
+                exact: Default::default(),
             });
         }
     }
@@ -425,7 +426,7 @@ fn grid_from_manifest(
             "batch" => v("batch"),
             "q_heads" => v("q_heads"),
             "kv_heads * batch" => v("kv_heads") * v("batch"),
-            "splits + 1" => v("splits") + 1,
+            "splits + 1 + exact" => v("splits") + 1 + v("exact"),
             "wide_groups" => per_dispatch("wide_groups"),
             "queries" => per_dispatch("queries"),
             "query_groups" => per_dispatch("query_groups"),

@@ -86,4 +86,23 @@ fn real_model_perplexity_and_codec_bounds() {
             s.kld
         );
     }
+    // The recommended 4-bit cache: turbo4 with the first 16 and newest 32 tokens exact, every
+    // token a chunk of its own (as decode steps), held to the 4-bit KL target.
+    let exact = kvq::ExactTokens {
+        sink: 16,
+        recent: 32,
+    };
+    let run = setup
+        .run(
+            Cache::KvqExact(KvCodecs::parse("turbo4_sym").unwrap(), exact),
+            &mut || {},
+        )
+        .unwrap();
+    let s = metrics::score(&run.log_probs, &none.log_probs, vocab, tokens);
+    eprintln!("turbo4_sym [sink16+recent32]: {s:?}");
+    assert!(
+        s.kld <= 0.03,
+        "turbo4_sym with exact tokens: KLD {:.5} above the 4-bit target 0.03",
+        s.kld
+    );
 }

@@ -53,6 +53,15 @@ fn configs() -> Vec<KernelConfig> {
                 workgroup: 128,
                 k,
                 v: vc,
+                // Every third of the others keeps exact tokens (sink and ring).
+                exact: if i % 3 == 2 {
+                    kvq::ExactTokens {
+                        sink: 4,
+                        recent: 28,
+                    }
+                } else {
+                    Default::default()
+                },
             });
         }
     }

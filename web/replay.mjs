@@ -106,7 +106,7 @@ function termValue(term, shape, d) {
     case 'batch': return shape.batch;
     case 'q_heads': return shape.q_heads;
     case 'kv_heads * batch': return shape.kv_heads * shape.batch;
-    case 'splits + 1': return shape.splits + 1;
+    case 'splits + 1 + exact': return shape.splits + 1 + shape.exact;
     case 'wide_groups': return d.wide_groups;
     case 'queries': return d.queries;
     case 'query_groups': return d.query_groups;

@@ -2,7 +2,7 @@
 //! the cache by kvq's own kernels, attention over the stored codes by its chunk kernels), and
 //! the f64 CPU reference over the unquantized K/V.
 
-use kvq::{CacheSpec, ChunkIo, GpuContext, InputType, KvCache, KvCodecs};
+use kvq::{CacheSpec, ChunkIo, ExactTokens, GpuContext, InputType, KvCache, KvCodecs};
 use rayon::prelude::*;
 
 use crate::model::{Attention, Config, LayerQkv};
@@ -63,12 +63,16 @@ fn buffer(ctx: &GpuContext, label: &str, bytes: u64, usage: wgpu::BufferUsages) 
 /// kvq as the model's attention: a cache of `cfg`'s shape holding `tokens` positions per
 /// layer. A layer's tokens run as one chunk (`KvCache::chunk`: every token's K/V appended by
 /// kvq's encoder, then each token's query attending the stored codes of `0..=t`), so the host
-/// uploads the layer's Q/K/V once and reads its outputs back once.
+/// uploads the layer's Q/K/V once and reads its outputs back once. With exact tokens each
+/// token is a chunk of its own, recorded one after another in the same submission: a chunk's
+/// queries see the exact tokens of the cache after the whole chunk, a decode step its own.
 pub struct Kvq {
     cfg: Config,
     ctx: GpuContext,
     cache: KvCache,
     chunk: ChunkIo,
+    /// With exact tokens: one token's chunk, over `one`'s K, V, Q and output.
+    step: Option<(ChunkIo, [wgpu::Buffer; 4])>,
     /// Every token's K, V, Q and output: `[tokens, heads, head_dim]` f32, bound to `chunk`.
     all: [wgpu::Buffer; 4],
     readback: wgpu::Buffer,
@@ -81,6 +85,7 @@ impl Kvq {
         ctx: &GpuContext,
         cfg: &Config,
         codecs: KvCodecs,
+        exact: ExactTokens,
         tokens: u32,
     ) -> Result<Kvq, String> {
         let spec = CacheSpec::new(
@@ -90,7 +95,8 @@ impl Kvq {
             cfg.head_dim as u32,
             tokens,
         )
-        .with_codecs(codecs);
+        .with_codecs(codecs)
+        .with_exact(exact.sink, exact.recent);
         let cache = KvCache::new(ctx, spec).map_err(|e| e.to_string())?;
         let kv_row = (cfg.kv_heads * cfg.head_dim * 4) as u64;
         let q_row = (cfg.q_heads * cfg.head_dim * 4) as u64;
@@ -109,11 +115,21 @@ impl Kvq {
         let chunk = cache
             .chunk_io(&all[0], &all[1], tokens, InputType::F32, &all[2], &all[3])
             .map_err(|e| e.to_string())?;
+        let mut step = None;
+        if exact.any() {
+            let one =
+                rows.map(|r| buffer(ctx, "ppl one", r, U::STORAGE | U::COPY_SRC | U::COPY_DST));
+            let io = cache
+                .chunk_io(&one[0], &one[1], 1, InputType::F32, &one[2], &one[3])
+                .map_err(|e| e.to_string())?;
+            step = Some((io, one));
+        }
         Ok(Kvq {
             cfg: cfg.clone(),
             ctx: ctx.clone(),
             cache,
             chunk,
+            step,
             all,
             readback,
         })
@@ -137,9 +153,24 @@ impl Kvq {
             q.write_buffer(buf, 0, bytemuck::cast_slice(data));
         }
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        self.cache
-            .chunk(&mut enc, layer, &self.chunk)
-            .map_err(|e| e.to_string())?;
+        if let Some((io, one)) = &self.step {
+            // Token t's rows into `one`, its chunk, its output back: one submission.
+            for t in 0..tokens as u64 {
+                for (i, src) in self.all.iter().take(3).enumerate() {
+                    let r = one[i].size();
+                    enc.copy_buffer_to_buffer(src, t * r, &one[i], 0, r);
+                }
+                self.cache
+                    .chunk(&mut enc, layer, io)
+                    .map_err(|e| e.to_string())?;
+                let r = one[3].size();
+                enc.copy_buffer_to_buffer(&one[3], 0, &self.all[3], t * r, r);
+            }
+        } else {
+            self.cache
+                .chunk(&mut enc, layer, &self.chunk)
+                .map_err(|e| e.to_string())?;
+        }
         let bytes = self.readback.size();
         enc.copy_buffer_to_buffer(&self.all[3], 0, &self.readback, 0, bytes);
         q.submit([enc.finish()]);

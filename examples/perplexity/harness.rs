@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kvq::{GpuContext, KvCodecs};
+use kvq::{ExactTokens, GpuContext, KvCodecs};
 
 use crate::attention::{Exact, Kvq, exact, rel_err};
 use crate::levers::{Levers, Sim};
@@ -26,6 +26,9 @@ pub enum Cache {
     Kvq(KvCodecs),
     /// The codecs' CPU reference with candidate levers around it ([`crate::levers`]).
     Sim(KvCodecs, Levers),
+    /// kvq on the GPU with these codecs and exact tokens (`CacheSpec::with_exact`), every token
+    /// a chunk of its own, so that each query sees the exact tokens a decode step would.
+    KvqExact(KvCodecs, ExactTokens),
 }
 
 impl Cache {
@@ -35,6 +38,7 @@ impl Cache {
             Cache::Exact => "exact".into(),
             Cache::Kvq(c) => c.name(),
             Cache::Sim(c, l) => format!("{}@{}", c.name(), l.name()),
+            Cache::KvqExact(c, x) => format!("{} [sink{}+recent{}]", c.name(), x.sink, x.recent),
         }
     }
 }
@@ -119,6 +123,14 @@ impl Setup {
         let start = Instant::now();
         let (inner, bits): (Box<dyn Attention>, _) = match cache {
             Cache::Exact => (Box::new(Exact(cfg.clone())), (32.0, 32.0)),
+            Cache::KvqExact(c, x) => {
+                // Every token's codes, and the exact tokens' f16 copies beside them.
+                let t = self.tokens.len();
+                let extra = 16.0 * x.rows().min(t as u32) as f64 / t as f64;
+                let bits = (c.k.bits_per_value(d) + extra, c.v.bits_per_value(d) + extra);
+                let a = Kvq::new(&self.ctx, cfg, c, x, self.tokens.len() as u32)?;
+                (Box::new(a) as Box<dyn Attention>, bits)
+            }
             Cache::Kvq(c) | Cache::Sim(c, _) => {
                 let mut bits = (c.k.bits_per_value(d), c.v.bits_per_value(d));
                 if let Cache::Sim(_, l) = cache {
@@ -131,7 +143,13 @@ impl Setup {
                 }
                 let a: Box<dyn Attention> = match cache {
                     Cache::Sim(_, levers) => Box::new(Sim::new(cfg, c, levers)?),
-                    _ => Box::new(Kvq::new(&self.ctx, cfg, c, self.tokens.len() as u32)?),
+                    _ => Box::new(Kvq::new(
+                        &self.ctx,
+                        cfg,
+                        c,
+                        ExactTokens::NONE,
+                        self.tokens.len() as u32,
+                    )?),
                 };
                 (a, bits)
             }

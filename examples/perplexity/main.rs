@@ -53,6 +53,9 @@ const USAGE: &str =
   --levers LIST  also run each codec through its CPU reference with candidate levers, e.g.
                  ref,recent32,kmean+sink+recent32 (see levers.rs; rows <codec>@<levers>)
   --calib N      calibration / exact tokens of the levers (default 16)
+  --exact S,R    also run each GPU codec keeping each sequence's first S and newest R tokens
+                 exact (CacheSpec::with_exact; rows '<codec> [sinkS+recentR]'); several sets
+                 separated by ';'
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
                  recentN keeps exact, no longer count
@@ -62,7 +65,12 @@ const USAGE: &str =
   --replot CSV   with --plot: draw the plot again from a CSV written earlier (no model, no GPU)";
 
 /// The configurations README.md and QUALITY.md recommend (the CSV's `recommended` column).
-pub const RECOMMENDED: &[&str] = &["q8_sym", "k_q8", "turbo4_sym"];
+pub const RECOMMENDED: &[&str] = &[
+    "q8_sym",
+    "k_q8",
+    "turbo4_sym [sink16+recent32]",
+    "turbo3_sym [sink16+recent32]",
+];
 
 struct Args {
     codecs: Vec<Cache>,
@@ -109,6 +117,7 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
+    let mut exact: Vec<kvq::ExactTokens> = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -130,6 +139,16 @@ fn parse_args() -> Result<Args, String> {
                 a.score_from = val.parse().map_err(|_| format!("bad --score-from {val}"))?
             }
             "--calib" => calib = val.parse().map_err(|_| format!("bad --calib {val}"))?,
+            "--exact" => {
+                for pair in val.split(';') {
+                    let bad = || format!("bad --exact {pair} (SINK,RECENT)");
+                    let (s, r) = pair.split_once(',').ok_or_else(bad)?;
+                    exact.push(kvq::ExactTokens {
+                        sink: s.trim().parse().map_err(|_| bad())?,
+                        recent: r.trim().parse().map_err(|_| bad())?,
+                    });
+                }
+            }
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
             "--replot" => a.replot = Some(val.into()),
@@ -143,6 +162,20 @@ fn parse_args() -> Result<Args, String> {
     {
         a.codecs
             .push(Cache::Kvq(KvCodecs::parse(n).map_err(|e| e.to_string())?));
+    }
+    // Each codec again with each set of exact tokens.
+    let kvq_rows: Vec<KvCodecs> = a
+        .codecs
+        .iter()
+        .filter_map(|c| match c {
+            Cache::Kvq(k) if *k != KvCodecs::NONE => Some(*k),
+            _ => None,
+        })
+        .collect();
+    for x in &exact {
+        for k in &kvq_rows {
+            a.codecs.push(Cache::KvqExact(*k, *x));
+        }
     }
     if let Some(list) = lever_list {
         a.lever_rows(&list, calib)?;

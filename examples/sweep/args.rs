@@ -8,7 +8,7 @@ use crate::codec_list::split_codecs;
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
-             [--wait spin|block] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--wait spin|block] [--exact SINK,RECENT] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
@@ -59,6 +59,8 @@ pub struct Args {
     /// A sweep CSV to plot again (with `--plot`) instead of measuring.
     pub replot: Option<String>,
     pub mem_budget: Option<f64>,
+    /// `--exact SINK,RECENT`: every cache keeps those tokens exact (`CacheSpec::with_exact`).
+    pub exact: kvq::ExactTokens,
 }
 
 impl Args {
@@ -98,6 +100,7 @@ impl Default for Args {
             plot: None,
             replot: None,
             mem_budget: None,
+            exact: kvq::ExactTokens::NONE,
         }
     }
 }
@@ -173,6 +176,15 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
             }
         }
         "--wg" => a.wg = Some(num(&val)?),
+        "--exact" => {
+            let (s, r) = val
+                .split_once(',')
+                .ok_or(format!("--exact: '{val}' is not SINK,RECENT"))?;
+            a.exact = kvq::ExactTokens {
+                sink: num(s)?,
+                recent: num(r)?,
+            };
+        }
         "--wait" => {
             a.wait = match val.as_str() {
                 "spin" => Some(Wait::Spin),

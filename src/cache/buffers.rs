@@ -82,6 +82,16 @@ pub(super) fn init_buffer(
     buf
 }
 
+/// Bytes of a layer's exact tokens ([`crate::ExactTokens`]): each sequence's `exact_lo`, then
+/// K's and V's f16 rows, after the first segment's V rows (`wgsl/shared/exact.wgsl`).
+pub(super) fn exact_bytes(spec: &CacheSpec) -> u64 {
+    if !spec.exact.any() {
+        return 0;
+    }
+    let rows = spec.batch as u64 * spec.kv_heads as u64 * spec.exact.rows() as u64;
+    4 * spec.batch as u64 + 2 * rows * spec.head_dim as u64 * 2
+}
+
 /// Allocates `plan`'s buffers on `ctx`'s device, uploading their initial contents. A buffer
 /// that cannot be allocated is invalid and its error goes to the device's error scopes: the
 /// caller holds them open.
@@ -137,7 +147,17 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
                 })
             };
             let k = buf("kvq K store", k_row_bytes);
-            let v = buf("kvq V store", v_row_bytes);
+            let v = if s == 0 && spec.exact.any() {
+                // The exact tokens after the first segment's V rows (wgsl/shared/exact.wgsl).
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("kvq V store and exact tokens"),
+                    size: rows(tokens) * v_row_bytes + exact_bytes(spec),
+                    usage: store_usage,
+                    mapped_at_creation: false,
+                })
+            } else {
+                buf("kvq V store", v_row_bytes)
+            };
             let params = SegParams {
                 layer,
                 seg_start: start,

@@ -182,6 +182,10 @@ impl KvCache {
     /// has already overwritten: allowed while the sequence holds at most `capacity` tokens, or
     /// when `len >= current - (capacity - window)`. [`KvCache::reset`] (`len` 0) always works.
     ///
+    /// With exact tokens ([`crate::ExactTokens`]) the newest kept exact are those the ring still
+    /// holds: after a cut, positions whose ring slot later tokens had overwritten are attended
+    /// through their codes until they fall out of the window.
+    ///
     /// The new lengths are written through the queue and submitted at once, so they land after
     /// everything already submitted: submit any recorded work on this cache first.
     pub fn truncate(&mut self, seq: u32, len: u32) -> Result<()> {
@@ -213,8 +217,21 @@ impl KvCache {
             }
         }
         let n = s.layers * s.batch;
+        let recent = s.exact.recent;
+        let exact = s.exact.any();
         for layer in 0..s.layers {
             let i = layer * s.batch + seq;
+            if exact {
+                // Ring slots of positions below cur - recent were overwritten: from there on
+                // (or from len, past which every position will be written again) the ring holds
+                // what it says.
+                let cur = self.host_lens[i as usize];
+                let e = &mut self.host_exact_lo[i as usize];
+                *e = len.min((*e).max(cur.saturating_sub(recent)));
+                let v = &self.layers[layer as usize][0].v;
+                let at = v.size() - super::buffers::exact_bytes(s) + 4 * seq as u64;
+                self.ctx.upload(v, at, bytemuck::bytes_of(e));
+            }
             self.ctx
                 .upload(&self.lens, 4 * i as u64, bytemuck::bytes_of(&len));
             self.ctx

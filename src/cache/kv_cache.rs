@@ -32,6 +32,8 @@ pub struct KvCache {
     pub(super) layers: Vec<Vec<Segment>>,
     pub(super) lens: wgpu::Buffer,
     pub(super) host_lens: Vec<u32>,
+    /// `exact_lo` of every (layer, sequence), as on the GPU ([`crate::ExactTokens`]).
+    pub(super) host_exact_lo: Vec<u32>,
     pub(super) host_io: Mutex<Option<HostIo>>,
     pub(super) host_query: Mutex<Option<HostQuery>>,
     /// Every buffer the cache owns besides the K/V stores, by part (for [`KvCache::memory`]).
@@ -76,6 +78,7 @@ impl KvCache {
         Ok(KvCache {
             ctx: ctx.clone(),
             host_lens: vec![0; plan.lengths],
+            host_exact_lo: vec![0; plan.lengths],
             spec,
             cfg: plan.cfg,
             layout: plan.layout,
@@ -99,6 +102,9 @@ impl KvCache {
             k += seg.k.size();
             v += seg.v.size();
         }
+        // The exact tokens sit after the first segment's V rows.
+        let exact = buffers::exact_bytes(&self.spec) * self.spec.layers as u64;
+        v -= exact;
         let part = |p: OwnedPart| -> u64 {
             self.owned
                 .iter()
@@ -123,6 +129,7 @@ impl KvCache {
             constants: state - lengths,
             scratch: part(OwnedPart::Scratch),
             params: part(OwnedPart::Params),
+            exact,
             host_staging,
         }
     }

@@ -82,6 +82,7 @@ pub(super) fn plan(
         workgroup: tuning.workgroup(spec),
         k: spec.codecs.k,
         v: spec.codecs.v,
+        exact: spec.exact,
     };
     // GPU codecs, the shape rules (again, for what the tuning chose) and every count.
     cfg.check()?;
@@ -130,7 +131,7 @@ pub(super) fn plan(
 pub(super) fn partial_floats(spec: &CacheSpec, cfg: &KernelConfig) -> u64 {
     spec.batch as u64
         * spec.q_heads as u64
-        * cfg.splits_total() as u64
+        * cfg.partial_slots() as u64
         * (cfg.partial_width() as u64 + 4)
 }
 

@@ -270,6 +270,7 @@ impl KvCache {
             q_heads: self.spec.q_heads,
             kv_heads: self.spec.kv_heads,
             splits: self.layout.splits,
+            exact: self.spec.exact.any() as u32,
             wide_groups: 0,
             queries: 1,
             query_groups: 1,

@@ -177,8 +177,8 @@ impl ReplayPlan {
         let g = &self.grid_shape;
         let _ = write!(
             o,
-            "\"grid_shape\":{{\"batch\":{},\"q_heads\":{},\"kv_heads\":{},\"splits\":{}}},",
-            g.batch, g.q_heads, g.kv_heads, g.splits
+            "\"grid_shape\":{{\"batch\":{},\"q_heads\":{},\"kv_heads\":{},\"splits\":{},\"exact\":{}}},",
+            g.batch, g.q_heads, g.kv_heads, g.splits, g.exact
         );
         let _ = write!(
             o,

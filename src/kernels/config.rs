@@ -84,6 +84,8 @@ pub struct KernelConfig {
     pub k: Codec,
     /// V codec.
     pub v: Codec,
+    /// Tokens kept exact beside their codes (see [`crate::ExactTokens`]).
+    pub exact: crate::spec::ExactTokens,
 }
 
 impl KernelConfig {
@@ -135,6 +137,12 @@ impl KernelConfig {
         (self.splits + 1) * self.segments
     }
 
+    /// Partial slots per query row: every split's, and with exact tokens one more for theirs
+    /// (in the caller's domain; the reduce adds it after un-rotating the others).
+    pub(crate) fn partial_slots(&self) -> u32 {
+        self.splits_total() + self.exact.any() as u32
+    }
+
     /// The table of constants every module of this configuration is assembled against (and
     /// emits as WGSL `const`s): the one place a number the kernels use is decided.
     fn defines(&self) -> Defines {
@@ -168,6 +176,9 @@ impl KernelConfig {
         c("LAYERS", self.layers);
         c("NSPLIT", self.splits);
         c("SPLITS_TOTAL", self.splits_total());
+        c("PSLOTS", self.partial_slots());
+        c("SINK", self.exact.sink);
+        c("RECENT", self.exact.recent);
         c("MIN_CHUNK", self.min_chunk);
         c("WG", self.workgroup);
         c("KU", k_unroll(self.head_dim));
@@ -244,6 +255,7 @@ impl KernelConfig {
             Value::Bool(self.k.kind.is_rotated() || self.v.kind.is_rotated()),
         );
         h.constant("SCALE", Value::F32(self.scale));
+        h.constant("EXACT", Value::Bool(self.exact.any()));
         h
     }
 
@@ -613,6 +625,7 @@ mod tests {
             workgroup: 128,
             k: c.k,
             v: c.v,
+            exact: Default::default(),
         }
     }
 

@@ -44,6 +44,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../wgsl/shared/lengths.wgsl"),
     ),
     (
+        "shared/exact.wgsl",
+        include_str!("../../wgsl/shared/exact.wgsl"),
+    ),
+    (
         "codecs/stores.wgsl",
         include_str!("../../wgsl/codecs/stores.wgsl"),
     ),

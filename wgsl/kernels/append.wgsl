@@ -14,6 +14,9 @@
 #include "shared/lengths.wgsl"
 // k_store (binding 1) and v_store (binding 2), with their encode_k / encode_v.
 #include "codecs/stores.wgsl" access=read_write
+#if EXACT
+#include "shared/exact.wgsl"
+#endif
 
 @group(0) @binding(0) var<uniform> seg: Seg;
 // [LAYERS * B] lengths, then [LAYERS * B] overflow flags.
@@ -82,6 +85,21 @@ fn list_rows(lid: u32, b: u32, base: u32, r0: u32, nr: u32) {
     }
 }
 
+// Exact copy i (of n * KVH * D / 2: one value pair of one new row) of sequence b, whose first
+// new position is `base`, if the position keeps one (written by the first segment's dispatch,
+// which holds them).
+fn exact_task(b: u32, base: u32, i: u32) {
+#if EXACT
+    let t = i / (KVH * D / 2u);
+    let p = base + t;
+    if seg.split_base != 0u || !x_keeps(p, base + input.n) {
+        return;
+    }
+    let h = (i / (D / 2u)) % KVH;
+    x_put(b, h, p, ((b * input.n + t) * KVH + h) * (D / 2u), i % (D / 2u));
+#endif
+}
+
 // Cooperatively encodes rows [first, last) of sequence b (uniform arguments).
 fn encode_range(lid: u32, b: u32, base: u32, first: u32, last: u32) {
     for (var r0 = first; r0 < last; r0 += ET) {
@@ -115,6 +133,11 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
         if COOP {
             encode_range(lid, b, base, 0u, input.n * KVH);
         }
+        if EXACT {
+            for (var i = lid; i < input.n * KVH * D / 2u; i += APPEND_WG) {
+                exact_task(b, base, i);
+            }
+        }
     }
     // Only invocation 0 touches the length, and it read it above: no other ordering needed.
     if lid == 0u && seg.is_last == 1u {
@@ -125,7 +148,7 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 // Dispatch (max(ceil(n*KVH*ROW_TASKS / (APPEND_WG * items)), ceil(n*KVH / coop_rows)), B, 1);
 // nobody writes lengths here.
 @compute @workgroup_size(256)
-fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let b = wid.y;
     let base = append_start(lid, b);
     if !fits(base, input.n) {
@@ -139,6 +162,12 @@ fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
     let last = min(input.n * KVH * ROW_TASKS, (wid.x + 1u) * per_wg);
     for (var i = wid.x * per_wg + lid; i < last; i += APPEND_WG) {
         write_task(b, base, i);
+    }
+    // The exact copies, strided over the grid.
+    if EXACT {
+        for (var i = wid.x * APPEND_WG + lid; i < input.n * KVH * D / 2u; i += nwg.x * APPEND_WG) {
+            exact_task(b, base, i);
+        }
     }
 }
 

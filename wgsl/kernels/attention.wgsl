@@ -21,8 +21,8 @@
 #unroll $p RP
 
 @group(0) @binding(0) var<uniform> seg: Seg;
-// Partials: [B, QH, SPLITS_TOTAL, D/4] output vectors, then [B, QH, SPLITS_TOTAL] vectors
-// (max, sum, 0, 0).
+// Partials: [B, QH, PSLOTS, PV4] output vectors, then [B, QH, PSLOTS] vectors (max, sum, 0,
+// 0): a slot per split (SPLITS_TOTAL), and with exact tokens one more for theirs.
 @group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
@@ -48,7 +48,7 @@ struct ChunkSlice {
 const J: u32 = WG / VC;
 // Partials of one query per sequence; a slice of a chunk of `count` queries holds `count`
 // times as many, the (max, sum) pairs after all the output vectors.
-const PART_ML: u32 = B * QH * SPLITS_TOTAL * PV4;
+const PART_ML: u32 = B * QH * PSLOTS * PV4;
 
 // The scaled query of each row (a rotated K codec reads it from rot_sh).
 var<workgroup> q_sh: array<vec4<f32>, QSH>;
@@ -177,7 +177,7 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
 
 // Row g's partial: pi is the first row's partial index.
 fn write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, acc2: vec4<f32>, m: f32, l: f32) {
-    let at = pi + row_head(g) * SPLITS_TOTAL;
+    let at = pi + row_head(g) * PSLOTS;
     part[at * PV4 + c * (VW / 4u)] = acc;
     if VW == 8u {
         part[at * PV4 + c * 2u + 1u] = acc2;
@@ -186,6 +186,159 @@ fn write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, acc2: vec4<f3
         part[ml + at] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }
+
+#if EXACT
+// The exact tokens' partial (CacheSpec::exact): the first segment's workgroup NSPLIT + 1 of
+// each row attends each sequence's sink and ring rows, f16 in the caller's domain, and writes
+// their (max, sum, output) to the last partial slot, which the reduce adds after un-rotating
+// the splits'.
+// Their values go in columns of 4 (XC of them over D), XJ token lanes a tile.
+const XC: u32 = D / 4u;
+const XJ: u32 = WG / XC;
+
+// Coordinates 4k .. 4k + 3 of row g's scaled query in the caller's domain: q_sh, or a rotated
+// K's rot_sh rows, reloaded unrotated by exact_partial.
+fn xq(g: u32, k: u32) -> vec4<f32> {
+    if K_ROTATED {
+        return rot_sh[g * (RW / 4u) + k];
+    }
+    return q_sh[g * (D / 4u) + k];
+}
+
+// Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = XV) row.
+fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
+    let r = x_row(b, h, p) + v + 2u * c;
+    return vec4<f32>(unpack2x16float(x_at(r)), unpack2x16float(x_at(r + 1u)));
+}
+
+// Arguments are uniform (every invocation calls it; barriers inside): `total` tokens are
+// attended, the committed length is `lc`, row g's causal end is first + g / G in a chunk.
+fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, total: u32, first: u32, lc: u32) {
+    if K_ROTATED {
+        for (var i = lid; i < GR * XC; i += WG) {
+            let r = i / XC;
+            let k = 4u * (i % XC);
+            rot_sh[r * (RW / 4u) + i % XC] = vec4<f32>(query_coord(qb, h, nz, r, k), query_coord(qb, h, nz, r, k + 1u), query_coord(qb, h, nz, r, k + 2u), query_coord(qb, h, nz, r, k + 3u));
+        }
+        workgroupBarrier();
+    }
+    // The sink's ns positions, then the ring's from rl.
+    let ns = min(SINK, total);
+    let rl = min(total, x_ring_lo(b, lc));
+    let ne = ns + (total - rl);
+    let c = lid % XC;
+    let j = lid / XC;
+    var m$g = NEG;
+    var l$g = 0.0;
+    var acc$g = vec4<f32>(0.0);
+    for (var t0 = 0u; t0 < ne; t0 += WG) {
+        let tn = min(WG, ne - t0);
+        // The previous tile's V loop (or the split) has read the shared arrays.
+        workgroupBarrier();
+        let e = t0 + lid;
+        let pos = select(rl + e - ns, e, e < ns);
+        sc$g = 0.0;
+        if lid < tn {
+            // 8 pairs of words loaded before their math (a load then its use, 32 times, waited
+            // on memory 32 times: the exact workgroup then outlasted the splits at 4k).
+            let r = x_row(b, h, pos);
+            for (var k0 = 0u; k0 < XC; k0 += 8u) {
+                var w: array<vec2<u32>, 8>;
+                for (var u = 0u; u < 8u; u++) {
+                    w[u] = vec2<u32>(x_at(r + 2u * (k0 + u)), x_at(r + 2u * (k0 + u) + 1u));
+                }
+                for (var u = 0u; u < 8u; u++) {
+                    let x = vec4<f32>(unpack2x16float(w[u].x), unpack2x16float(w[u].y));
+                    sc$g += dot(xq($gu, k0 + u), x);
+                }
+            }
+        }
+#if CHUNK
+        let ok$g = lid < tn && pos < first + $gu / G;
+#else
+        let ok$g = lid < tn;
+#endif
+        {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = select(NEG, sc$g, ok$g);
+        workgroupBarrier();
+        if lid < MXP {
+            let x$g = max(max({{scores}}[$g * (WG / 4u) + 4u * lid], {{scores}}[$g * (WG / 4u) + 4u * lid + 1u]), max({{scores}}[$g * (WG / 4u) + 4u * lid + 2u], {{scores}}[$g * (WG / 4u) + 4u * lid + 3u]));
+            mx_sh[($g * MXP + lid) / 4u][lid % 4u] = max(max(x$g.x, x$g.y), max(x$g.z, x$g.w));
+        }
+        workgroupBarrier();
+        var mt$g = vec4<f32>(NEG);
+        for (var i = 0u; i < MXP / 4u; i++) {
+            mt$g = max(mt$g, mx_sh[$g * (MXP / 4u) + i]);
+        }
+        let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
+        let alpha$g = exp(m$g - mn$g);
+        m$g = mn$g;
+        let pw$g = select(0.0, exp(sc$g - mn$g), ok$g);
+        l$g = l$g * alpha$g + pw$g;
+        {{weights}}[lid * GP + $g / 4u][$g % 4u] = pw$g;
+        workgroupBarrier();
+        if j < XJ {
+            acc$g *= alpha$g;
+            // 4 rows' values loaded before their math, then one at a time.
+            var i = j;
+            for (; i + 3u * XJ < tn; i += 4u * XJ) {
+                var vv: array<vec4<f32>, 4>;
+                for (var u = 0u; u < 4u; u++) {
+                    let ei = t0 + i + u * XJ;
+                    vv[u] = x_load(b, h, select(rl + ei - ns, ei, ei < ns), XV, c);
+                }
+                for (var u = 0u; u < 4u; u++) {
+                    acc$g += {{weights}}[(i + u * XJ) * GP + $g / 4u][$g % 4u] * vv[u];
+                }
+            }
+            for (; i < tn; i += XJ) {
+                let ei = t0 + i;
+                let v = x_load(b, h, select(rl + ei - ns, ei, ei < ns), XV, c);
+                acc$g += {{weights}}[i * GP + $g / 4u][$g % 4u] * v;
+            }
+        }
+    }
+    // The sum over the workgroup, then the lanes into lane 0, as the split's.
+    workgroupBarrier();
+    {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = l$g;
+    workgroupBarrier();
+    if lid < MXP {
+        let y$g = {{scores}}[$g * (WG / 4u) + 4u * lid] + {{scores}}[$g * (WG / 4u) + 4u * lid + 1u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 2u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 3u];
+        mx_sh[($g * MXP + lid) / 4u][lid % 4u] = y$g.x + y$g.y + y$g.z + y$g.w;
+    }
+    workgroupBarrier();
+    var lt$g = vec4<f32>(0.0);
+    for (var i = 0u; i < MXP / 4u; i++) {
+        lt$g += mx_sh[$g * (MXP / 4u) + i];
+    }
+    l$g = lt$g.x + lt$g.y + lt$g.z + lt$g.w;
+    for (var r = XJ - 1u; r > 0u; r--) {
+        if j == r {
+            var a$g = acc$g;
+            if r < XJ - 1u {
+                a$g += {{lanes}}[$g * XC + c];
+            }
+            {{lanes}}[$g * XC + c] = a$g;
+        }
+        workgroupBarrier();
+    }
+    if j == 0u {
+        if XJ > 1u {
+            acc$g += {{lanes}}[$g * XC + c];
+        }
+        let pi = (pb * QH + h * G) * PSLOTS + SPLITS_TOTAL;
+        if $gu / G < nz { x_write_partial($gu, pi, part_ml, c, acc$g, m$g, l$g); }
+    }
+}
+
+// Row g's exact partial (values 4c .. 4c + 3; pi is the first row's partial index).
+fn x_write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, m: f32, l: f32) {
+    let at = pi + row_head(g) * PSLOTS;
+    part[at * PV4 + c] = acc;
+    if c == 0u {
+        part[ml + at] = vec4<f32>(m, l, 0.0, 0.0);
+    }
+}
+#endif
 
 #if CHUNK
 // Position of the u-th slot of runs r, which hold positions from x on (r = seg_runs(x, y, s)).
@@ -273,10 +426,31 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // (below). Positions become slots through runs (shared/common.wgsl).
     let total = len + step_tokens(len);
     let first = total - (nz - 1u);
+#if EXACT
+    // The last workgroup of a row (split NSPLIT + 1) attends the exact tokens, beside the
+    // splits rather than after one of them; only the first segment's holds them.
+    if s == NSPLIT + 1u {
+        if seg.split_base == 0u {
+            write_exact_rows(lid, b, h, len);
+            storageBarrier();
+            exact_partial(lid, b, h, qb, nz, pb, part_ml, total, first, total + later);
+        }
+        return;
+    }
+    // The codes attended: positions from the sink's end up to the ring's start (split 0 of
+    // the first segment attends the exact ones, exact_partial): stored ones up to slen, new
+    // ones (a fused step's) up to stot.
+    let lo = SINK;
+    let stot = max(lo, min(total, x_ring_lo(b, total + later)));
+    let slen = min(len, stot);
+#else
     let lo = first - min(first, WIN);
-    let stored_runs = seg_runs(min(lo, len), len, seg);
+    let stot = total;
+    let slen = len;
+#endif
+    let stored_runs = seg_runs(min(lo, slen), slen, seg);
     let stored = stored_runs.y + stored_runs.z;
-    let new_runs = seg_runs(max(len, lo), total, seg);
+    let new_runs = seg_runs(max(slen, lo), stot, seg);
     let fresh = new_runs.y + new_runs.z;
     // Whole tiles per split where the stored tokens split that way but for a tail that split
     // 0 takes beside its new tokens (together at most a tile): a split's pass over a last tile
@@ -286,7 +460,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // 0's tokens are one range of positions.
     let full = stored / (NSPLIT * WG) * WG;
     let tail = stored - NSPLIT * full;
-    let tail_runs = seg_runs(len - min(len, tail), len, seg);
+    let tail_runs = seg_runs(slen - min(slen, tail), slen, seg);
     let tail_here = fresh == 0u || tail_runs.y + tail_runs.z == tail;
     let cut = select(0u, tail, full > 0u && tail + fresh <= WG && tail_here);
     var runs = stored_runs;
@@ -303,7 +477,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         } else {
             // The tail's positions and the new ones (cut > 0 only if lo <= len - cut; a step
             // of more than the window starts at lo).
-            runs = seg_runs(max(len - cut, lo), total, seg);
+            runs = seg_runs(max(slen - cut, lo), stot, seg);
             end = cut + fresh;
         }
         // This workgroup alone writes and reads the new rows.
@@ -448,7 +622,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             acc$g += {{lanes}}[($g * VC + c) * (VW / 4u)];
             if VW == 8u { acc2$g += {{lanes}}[($g * VC + c) * 2u + 1u]; }
         }
-        let pi = (pb * QH + h * G) * SPLITS_TOTAL + seg.split_base + s;
+        let pi = (pb * QH + h * G) * PSLOTS + seg.split_base + s;
         if $gu / G < nz { write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g); }
     }
 }
@@ -503,7 +677,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     if commits {
         old_len = committed_len(b);
     }
-    let base = (pb * QH + qh) * SPLITS_TOTAL;
+    let base = (pb * QH + qh) * PSLOTS;
     let c = lid % RC;
     let r = lid / RC;
     var m = NEG;
@@ -549,6 +723,18 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         }
         workgroupBarrier();
     }
+#if EXACT
+    // The exact tokens' slot joins the merge: its weight xs scales its output (in the
+    // caller's domain, added below).
+    let mlx = part[part_ml + base + SPLITS_TOTAL];
+    let mx = max(m, mlx.x);
+    let fr = exp(m - mx);
+    let fx = exp(mlx.x - mx);
+    m = mx;
+    l = l * fr + mlx.y * fx;
+    o *= fr;
+    let xs = select(0.0, fx / l, l > 0.0);
+#endif
     // An empty sequence has l = 0: its output is defined as zeros.
     let y = o * select(0.0, 1.0 / l, l > 0.0);
     let p = (qb * QH + qh) * D;
@@ -589,11 +775,26 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
                 out[p + i] = rs_get(i);
             }
         }
+#if EXACT
+        // The exact tokens' output added to the un-rotated one, which other invocations wrote.
+        storageBarrier();
+        if r == 0u && c < D / 4u {
+            let x = part[(base + SPLITS_TOTAL) * PV4 + c] * xs;
+            out[p + 4u * c] += x.x;
+            out[p + 4u * c + 1u] += x.y;
+            out[p + 4u * c + 2u] += x.z;
+            out[p + 4u * c + 3u] += x.w;
+        }
+#endif
     } else if r == 0u {
-        out[p + 4u * c] = y.x;
-        out[p + 4u * c + 1u] = y.y;
-        out[p + 4u * c + 2u] = y.z;
-        out[p + 4u * c + 3u] = y.w;
+        var z = y;
+#if EXACT
+        z += part[(base + SPLITS_TOTAL) * PV4 + c] * xs;
+#endif
+        out[p + 4u * c] = z.x;
+        out[p + 4u * c + 1u] = z.y;
+        out[p + 4u * c + 2u] = z.z;
+        out[p + 4u * c + 3u] = z.w;
     }
     if commits {
         commit_step(b, old_len);

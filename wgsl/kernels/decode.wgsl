@@ -5,6 +5,9 @@
 #include "shared/rotate.wgsl"
 #include "codecs/stores.wgsl" access=read
 #include "codecs/readers.wgsl"
+#if EXACT
+#include "shared/exact.wgsl"
+#endif
 
 // [LAYERS * B] lengths, then [LAYERS * B] overflow flags, then the codec constants (cst).
 @group(0) @binding(3) var<storage, read> lens: array<u32>;
@@ -17,6 +20,8 @@ fn step_tokens(len: u32) -> u32 {
 }
 
 fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {}
+
+fn write_exact_rows(lid: u32, b: u32, h: u32, len: u32) {}
 
 fn committed_len(b: u32) -> u32 {
     return 0u;

@@ -11,6 +11,9 @@
 #include "shared/lengths.wgsl"
 #include "codecs/stores.wgsl" access=read_write
 #include "codecs/readers.wgsl"
+#if EXACT
+#include "shared/exact.wgsl"
+#endif
 
 // [LAYERS * B] lengths, then [LAYERS * B] overflow flags, then the codec constants (cst).
 @group(0) @binding(3) var<storage, read_write> lens: array<u32>;
@@ -67,6 +70,20 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
         }
     }
 }
+
+#if EXACT
+// Writes the exact copies of sequence b's new tokens that keep one, KV head h (the exact
+// tokens' workgroup, exact_partial, which attends them after its storage barrier).
+fn write_exact_rows(lid: u32, b: u32, h: u32, len: u32) {
+    let n = step_tokens(len);
+    for (var i = lid; i < n * (D / 2u); i += WG) {
+        let t = i / (D / 2u);
+        if x_keeps(len + t, len + n) {
+            x_put(b, h, len + t, ((b * n + t) * KVH + h) * (D / 2u), i % (D / 2u));
+        }
+    }
+}
+#endif
 
 // The length commit_step advances (read by the reduce before it folds the partials).
 fn committed_len(b: u32) -> u32 {

@@ -1,0 +1,297 @@
+//! Exact tokens (`CacheSpec::with_exact`): each sequence's first `sink` and newest `recent`
+//! tokens attended from their f16 copies, the rest through the codec. GPU attention against
+//! f64 attention over the same mix: the exact positions' f16 inputs, the others' stored rows
+//! decoded by the CPU reference, across the sink's end, the ring's wrap, split and segment
+//! boundaries, the append paths, the fused step, chunks and truncation.
+
+mod common;
+
+use common::{Rng, attend_poisoned, ctx, rel_err, storage_buffer};
+use kvq::codec::CodecRef;
+use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError, reference};
+
+const TOL: f64 = 1e-3;
+
+/// A cache with a host copy of every appended token (f16-rounded, `[len, kv_heads, d]` per
+/// layer and sequence) and each sequence's `exact_lo` as the cache keeps it.
+struct Checked {
+    cache: KvCache,
+    k: Vec<Vec<Vec<f64>>>,
+    v: Vec<Vec<Vec<f64>>>,
+    exact_lo: Vec<u32>,
+    rng: Rng,
+}
+
+impl Checked {
+    fn new(spec: CacheSpec, seed: u64) -> Checked {
+        let (l, b) = (spec.layers as usize, spec.batch as usize);
+        Checked {
+            cache: KvCache::new(ctx(), spec).expect("cache"),
+            k: vec![vec![Vec::new(); b]; l],
+            v: vec![vec![Vec::new(); b]; l],
+            exact_lo: vec![0; b],
+            rng: Rng::new(seed),
+        }
+    }
+
+    fn spec(&self) -> CacheSpec {
+        self.cache.spec().clone()
+    }
+
+    /// `n` random tokens per sequence, `[batch, n, kv_heads, d]`, K heavier-tailed now and then.
+    fn tokens(&mut self, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let s = self.spec();
+        let len = s.batch as usize * n * (s.kv_heads * s.head_dim) as usize;
+        let k = (0..len)
+            .map(|i| self.rng.normal() * if i % 37 == 0 { 6.0 } else { 1.0 })
+            .collect();
+        (k, self.rng.normals(len, 1.0))
+    }
+
+    fn record(&mut self, layer: u32, k: &[f32], v: &[f32]) {
+        let batch = self.spec().batch as usize;
+        let per = k.len() / batch;
+        for b in 0..batch {
+            let r = b * per..(b + 1) * per;
+            self.k[layer as usize][b].extend(reference::round_f16(&k[r.clone()]));
+            self.v[layer as usize][b].extend(reference::round_f16(&v[r]));
+        }
+    }
+
+    fn append(&mut self, layer: u32, n: usize) {
+        let (k, v) = self.tokens(n);
+        self.cache.append_host(layer, &k, &v).expect("append");
+        self.record(layer, &k, &v);
+    }
+
+    fn len(&self, layer: u32, b: usize) -> usize {
+        let s = self.spec();
+        self.k[layer as usize][b].len() / (s.kv_heads * s.head_dim) as usize
+    }
+
+    /// f64 attention of query `q` (`[q_heads, d]`) of sequence `b` over positions `0..end`,
+    /// positions from `ring_lo` on (and the sink's) from their f16 copies, the others from the
+    /// stored rows `rows` (read_rows) decoded.
+    fn want(
+        &self,
+        layer: u32,
+        b: usize,
+        q: &[f32],
+        end: usize,
+        ring_lo: usize,
+        rows: &(Vec<u32>, Vec<u32>),
+    ) -> Vec<f64> {
+        let s = self.spec();
+        let (d, kvh, qh) = (s.head_dim as usize, s.kv_heads as usize, s.q_heads as usize);
+        let kref = CodecRef::new(s.codecs.k, s.head_dim, s.seed).unwrap();
+        let vref = CodecRef::new(s.codecs.v, s.head_dim, s.seed).unwrap();
+        let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
+        let row = |h: usize, t: usize| (b * kvh + h) * s.capacity as usize + t;
+        let exact = |t: usize| t < s.exact.sink as usize || t >= ring_lo;
+        let (hk, hv) = (&self.k[layer as usize][b], &self.v[layer as usize][b]);
+        let mut k = Vec::with_capacity(end * kvh * d);
+        let mut v = Vec::with_capacity(end * kvh * d);
+        for t in 0..end {
+            for h in 0..kvh {
+                let at = (t * kvh + h) * d..(t * kvh + h + 1) * d;
+                if exact(t) {
+                    k.extend(&hk[at.clone()]);
+                    v.extend(&hv[at]);
+                } else {
+                    let r = row(h, t);
+                    k.extend(kref.decode(&rows.0[r * kw..(r + 1) * kw]));
+                    v.extend(vref.decode(&rows.1[r * vw..(r + 1) * vw]));
+                }
+            }
+        }
+        let qb: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+        let scale = s.softmax_scale() as f64;
+        reference::attention_with_scores(&v, qh, kvh, d, |qi, h, t| {
+            let qv = &qb[qi * d..(qi + 1) * d];
+            if s.codecs.k.qjl && !exact(t) {
+                let r = row(h, t);
+                return scale * kref.ip_estimate(&rows.0[r * kw..(r + 1) * kw], qv);
+            }
+            let kr = &k[(t * kvh + h) * d..(t * kvh + h + 1) * d];
+            scale * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+        })
+    }
+
+    /// The first ring position of sequence b holding `len` tokens (`KvCache`'s rule).
+    fn ring_lo(&self, b: usize, len: usize) -> usize {
+        let x = self.spec().exact;
+        let lo = (x.sink as usize)
+            .max(len.saturating_sub(x.recent as usize))
+            .max(self.exact_lo[b] as usize);
+        lo.min(len)
+    }
+
+    /// Attends a random query on `layer`; the worst relative error over the sequences.
+    fn check(&mut self, layer: u32) -> f64 {
+        let s = self.spec();
+        let n = (s.q_heads * s.head_dim) as usize;
+        let q = self.rng.normals(s.batch as usize * n, 1.5);
+        let out = attend_poisoned(&self.cache, layer, &q);
+        let rows = self.cache.read_rows(layer).unwrap();
+        let mut worst = 0.0f64;
+        for b in 0..s.batch as usize {
+            let len = self.len(layer, b);
+            let want = self.want(
+                layer,
+                b,
+                &q[b * n..(b + 1) * n],
+                len,
+                self.ring_lo(b, len),
+                &rows,
+            );
+            worst = worst.max(rel_err(&out[b * n..(b + 1) * n], &want));
+        }
+        worst
+    }
+
+    fn truncate(&mut self, b: usize, len: usize) {
+        let s = self.spec();
+        let per = (s.kv_heads * s.head_dim) as usize;
+        let cur = self.len(0, b);
+        self.cache.truncate(b as u32, len as u32).unwrap();
+        let e = &mut self.exact_lo[b];
+        *e = (len as u32).min((*e).max((cur as u32).saturating_sub(s.exact.recent)));
+        for l in 0..s.layers as usize {
+            self.k[l][b].truncate(len * per);
+            self.v[l][b].truncate(len * per);
+        }
+    }
+}
+
+/// Every codec family (QJL included), each head_dim and GQA ratio in turn, growing across the
+/// sink's end, the ring's wraps, split boundaries and the wide append path, then cut back.
+#[test]
+fn exact_tokens_match_reference() {
+    let cases = [
+        ("q4_sym", 64, 8, 4, 8),
+        ("turbo3_sym", 128, 4, 3, 5),
+        ("k_rotor3", 96, 2, 1, 16),
+        ("k=turbo2b+qjl,v=iso4", 256, 1, 4, 0),
+        ("k=q8,v=rotor4", 128, 7, 0, 12),
+        ("none", 64, 4, 2, 3),
+    ];
+    for (i, &(name, d, g, sink, recent)) in cases.iter().enumerate() {
+        let kvh = if g >= 7 { 1 } else { 2 };
+        let spec = CacheSpec::new(1, kvh * g, kvh, d, 300)
+            .with_codecs(KvCodecs::parse(name).unwrap())
+            .with_splits(3)
+            .with_batch(2)
+            .with_exact(sink, recent);
+        let mut c = Checked::new(spec, 100 + i as u64);
+        let mut len = 0;
+        for target in [1usize, 2, 5, 9, 17, 33, 70, 130, 259] {
+            c.append(0, target - len);
+            len = target;
+            let e = c.check(0);
+            assert!(e <= TOL, "{name} d={d} g={g} len={len}: rel err {e:e}");
+        }
+        // Cut back past the ring (its older slots overwritten), then grow again.
+        c.truncate(0, 240);
+        c.truncate(1, 3);
+        for more in [1usize, 7, 30] {
+            c.append(0, more);
+            let e = c.check(0);
+            assert!(e <= TOL, "{name} after truncate: rel err {e:e}");
+        }
+    }
+}
+
+/// Storage segments (the exact rows are written once, by the segment holding the position)
+/// and fused decode steps, whose split 0 writes the new token's copy and attends it.
+#[test]
+fn exact_tokens_with_segments_and_fused_steps() {
+    let dev = &ctx().device;
+    for name in ["turbo3_sym", "k=q4,v=none"] {
+        let mut spec = CacheSpec::new(2, 8, 2, 128, 200)
+            .with_codecs(KvCodecs::parse(name).unwrap())
+            .with_splits(3)
+            .with_batch(2)
+            .with_exact(4, 8);
+        spec.segment_tokens = Some(64);
+        let mut c = Checked::new(spec, 7);
+        c.append(1, 60);
+        let per = 2 * 2 * 128;
+        let (kb, vb) = (
+            storage_buffer(ctx(), &vec![0.0; per]),
+            storage_buffer(ctx(), &vec![0.0; per]),
+        );
+        let (qb, ob) = (
+            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
+            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
+        );
+        let io = c
+            .cache
+            .step_io(&kb, &vb, 1, InputType::F32, &qb, &ob)
+            .unwrap();
+        for step in 0..12 {
+            let (k, v) = c.tokens(1);
+            ctx().queue.write_buffer(&kb, 0, bytemuck::cast_slice(&k));
+            ctx().queue.write_buffer(&vb, 0, bytemuck::cast_slice(&v));
+            let mut enc = dev.create_command_encoder(&Default::default());
+            c.cache.step(&mut enc, 1, &io).unwrap();
+            ctx().queue.submit([enc.finish()]);
+            c.record(1, &k, &v);
+            let e = c.check(1);
+            assert!(e <= TOL, "{name} step {step}: rel err {e:e}");
+        }
+    }
+}
+
+/// A chunk of new tokens: query i attends positions up to its own; the ring is the one the
+/// cache holds after the whole chunk (its newest `recent`), so earlier queries of a long chunk
+/// see fewer exact tokens than a decode step would.
+#[test]
+fn exact_tokens_in_chunks() {
+    for (name, n) in [("q4_sym", 5usize), ("turbo4_sym", 20), ("k_iso3", 3)] {
+        let spec = CacheSpec::new(1, 8, 2, 64, 200)
+            .with_codecs(KvCodecs::parse(name).unwrap())
+            .with_splits(2)
+            .with_exact(2, 6);
+        let mut c = Checked::new(spec, 11);
+        c.append(0, 40);
+        let (k, v) = c.tokens(n);
+        let s = c.spec();
+        let per_q = (s.q_heads * s.head_dim) as usize;
+        let q = c.rng.normals(n * per_q, 1.5);
+        let out = c.cache.chunk_host(0, &k, &v, &q).unwrap();
+        c.record(0, &k, &v);
+        let rows = c.cache.read_rows(0).unwrap();
+        let total = c.len(0, 0);
+        let rl = c.ring_lo(0, total);
+        let mut worst = 0.0f64;
+        for i in 0..n {
+            let end = total - n + i + 1;
+            let want = c.want(
+                0,
+                0,
+                &q[i * per_q..(i + 1) * per_q],
+                end,
+                rl.min(end),
+                &rows,
+            );
+            worst = worst.max(rel_err(&out[i * per_q..(i + 1) * per_q], &want));
+        }
+        assert!(worst <= TOL, "{name} n={n}: rel err {worst:e}");
+    }
+}
+
+#[test]
+fn exact_tokens_refused_where_unsupported() {
+    let base = CacheSpec::new(1, 4, 2, 64, 100).with_exact(4, 8);
+    let e = KvCache::new(ctx(), base.clone().with_window(50))
+        .err()
+        .unwrap();
+    assert!(matches!(e, KvqError::InvalidSpec(_)), "{e}");
+    let e = KvCache::new(ctx(), base.with_exact(4000, 100))
+        .err()
+        .unwrap();
+    assert!(matches!(e, KvqError::InvalidSpec(_)), "{e}");
+    let c = KvCache::new(ctx(), CacheSpec::new(2, 4, 2, 64, 100).with_exact(4, 8)).unwrap();
+    // (4 + 8) rows of K and V, 64 f16 each, per KV head, and a length word, per layer.
+    assert_eq!(c.memory().exact, 2 * (2 * 12 * 2 * 64 * 2 + 4));
+}
