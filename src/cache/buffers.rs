@@ -92,6 +92,16 @@ pub(super) fn exact_bytes(spec: &CacheSpec) -> u64 {
     4 * spec.batch as u64 + 2 * rows * spec.head_dim as u64 * 2
 }
 
+/// Bytes after segment `s`'s V rows with exact tokens: the layer's exact tokens after the
+/// first segment's ([`exact_bytes`]), a copy of their `exact_lo` after every other's.
+pub(super) fn exact_tail(spec: &CacheSpec, s: u32) -> u64 {
+    match (spec.exact.any(), s) {
+        (false, _) => 0,
+        (true, 0) => exact_bytes(spec),
+        (true, _) => 4 * spec.batch as u64,
+    }
+}
+
 /// Allocates `plan`'s buffers on `ctx`'s device, uploading their initial contents. A buffer
 /// that cannot be allocated is invalid and its error goes to the device's error scopes: the
 /// caller holds them open.
@@ -147,11 +157,12 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
                 })
             };
             let k = buf("kvq K store", k_row_bytes);
-            let v = if s == 0 && spec.exact.any() {
-                // The exact tokens after the first segment's V rows (wgsl/shared/exact.wgsl).
+            let v = if spec.exact.any() {
+                // The exact tokens after the first segment's V rows, and a copy of their
+                // exact_lo after every other's (wgsl/shared/exact.wgsl).
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("kvq V store and exact tokens"),
-                    size: rows(tokens) * v_row_bytes + exact_bytes(spec),
+                    size: rows(tokens) * v_row_bytes + exact_tail(spec, s),
                     usage: store_usage,
                     mapped_at_creation: false,
                 })

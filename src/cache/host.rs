@@ -228,9 +228,11 @@ impl KvCache {
                 let cur = self.host_lens[i as usize];
                 let e = &mut self.host_exact_lo[i as usize];
                 *e = len.min((*e).max(cur.saturating_sub(recent)));
-                let v = &self.layers[layer as usize][0].v;
-                let at = v.size() - super::buffers::exact_bytes(s) + 4 * seq as u64;
-                self.ctx.upload(v, at, bytemuck::bytes_of(e));
+                for (si, seg) in self.layers[layer as usize].iter().enumerate() {
+                    let tail = super::buffers::exact_tail(s, si as u32);
+                    let at = seg.v.size() - tail + 4 * seq as u64;
+                    self.ctx.upload(&seg.v, at, bytemuck::bytes_of(e));
+                }
             }
             self.ctx
                 .upload(&self.lens, 4 * i as u64, bytemuck::bytes_of(&len));

@@ -102,8 +102,12 @@ impl KvCache {
             k += seg.k.size();
             v += seg.v.size();
         }
-        // The exact tokens sit after the first segment's V rows.
-        let exact = buffers::exact_bytes(&self.spec) * self.spec.layers as u64;
+        // The exact tokens sit after the first segment's V rows (and their exact_lo after
+        // every other's).
+        let exact: u64 = (0..self.layout.segments)
+            .map(|s| buffers::exact_tail(&self.spec, s))
+            .sum::<u64>()
+            * self.spec.layers as u64;
         v -= exact;
         let part = |p: OwnedPart| -> u64 {
             self.owned

@@ -69,6 +69,9 @@ var<workgroup> p_sh: array<vec4<f32>, GP * WG>;
 var<workgroup> comb: array<vec4<f32>, G * PV4>;
 #endif
 var<workgroup> len_sh: u32;
+#if EXACT
+var<workgroup> xlo_sh: u32;
+#endif
 
 // Per-row state lives in named registers: lines holding `$g` are repeated for each
 // row g of the workgroup by kvq's preprocessor (`#unroll`, src/kernels/preprocess.rs), so nothing is indexed
@@ -213,7 +216,7 @@ fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
 
 // Arguments are uniform (every invocation calls it; barriers inside): `total` tokens are
 // attended, the committed length is `lc`, row g's causal end is first + g / G in a chunk.
-fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, total: u32, first: u32, lc: u32) {
+fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, total: u32, first: u32, lc: u32, xlo: u32) {
     if K_ROTATED {
         for (var i = lid; i < GR * XC; i += WG) {
             let r = i / XC;
@@ -224,7 +227,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
     }
     // The sink's ns positions, then the ring's from rl.
     let ns = min(SINK, total);
-    let rl = min(total, x_ring_lo(b, lc));
+    let rl = min(total, x_ring_lo(xlo, lc));
     let ne = ns + (total - rl);
     let c = lid % XC;
     let j = lid / XC;
@@ -417,6 +420,13 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         len_sh = lens[len_index(seg.layer, b)];
     }
     let len = workgroupUniformLoad(&len_sh) - later;
+#if EXACT
+    // The sequence's exact_lo, uniform (the ranges below bound loops with barriers).
+    if lid == 0u {
+        xlo_sh = x_at(b);
+    }
+    let xlo = workgroupUniformLoad(&xlo_sh);
+#endif
     // The window is the last WIN positions up to and including the new tokens (all of them
     // unless the cache is a sliding window): of the first row's query, the workgroup's first
     // (positions before `first`; row i's end `first + i / G`). Splits 1..=NSPLIT share its stored positions in
@@ -433,7 +443,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if seg.split_base == 0u {
             write_exact_rows(lid, b, h, len);
             storageBarrier();
-            exact_partial(lid, b, h, qb, nz, pb, part_ml, total, first, total + later);
+            exact_partial(lid, b, h, qb, nz, pb, part_ml, total, first, total + later, xlo);
         }
         return;
     }
@@ -441,7 +451,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // the first segment attends the exact ones, exact_partial): stored ones up to slen, new
     // ones (a fused step's) up to stot.
     let lo = SINK;
-    let stot = max(lo, min(total, x_ring_lo(b, total + later)));
+    let stot = max(lo, min(total, x_ring_lo(xlo, total + later)));
     let slen = min(len, stot);
 #else
     let lo = first - min(first, WIN);

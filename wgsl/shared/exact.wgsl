@@ -5,8 +5,9 @@
 //
 // They live after the V rows of the first segment's V buffer (a binding of their own would
 // pass WebGPU's 8 storage buffers a stage in the fused step): [B] exact_lo (the oldest
-// position the ring still holds since a truncate cut the sequence back, KvCache::truncate),
-// then K's rows, then V's, each [B, KVH, XE, D / 2] f16 pairs. Position p lives in slot p
+// position the ring still holds since a truncate cut the sequence back, KvCache::truncate;
+// every segment's V buffer ends with a copy, which its splits read), then K's rows, then
+// V's, each [B, KVH, XE, D / 2] f16 pairs. Position p lives in slot p
 // below SINK, else in the ring slot SINK + (p - SINK) % RECENT.
 
 // u32 word i of the region (V's store is vec2<u32> for f16 rows, else u32).
@@ -35,10 +36,10 @@ fn x_row(b: u32, h: u32, p: u32) -> u32 {
     return B + ((b * KVH + h) * XE + x_slot(p)) * (D / 2u);
 }
 
-// First position of sequence b's ring when it holds `len` tokens: positions from there up to
-// len are exact (none below SINK: those are the sink's).
-fn x_ring_lo(b: u32, len: u32) -> u32 {
-    return min(len, max(max(SINK, len - min(len, RECENT)), x_at(b)));
+// First position of a sequence's ring when it holds `len` tokens and its exact_lo is `lo`:
+// positions from there up to len are exact (none below SINK: those are the sink's).
+fn x_ring_lo(lo: u32, len: u32) -> u32 {
+    return min(len, max(max(SINK, len - min(len, RECENT)), lo));
 }
 
 #if ENCODE
