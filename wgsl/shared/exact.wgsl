@@ -10,9 +10,14 @@
 // V's, each [B, KVH, XE, D / 2] f16 pairs. Position p lives in slot p
 // below SINK, else in the ring slot SINK + (p - SINK) % RECENT.
 
+// Word i of the region in V's store: after this segment's V rows.
+fn x_word(i: u32) -> u32 {
+    return B * KVH * seg.seg_tokens * V_WORDS + i;
+}
+
 // u32 word i of the region (V's store is vec2<u32> for f16 rows, else u32).
 fn x_at(i: u32) -> u32 {
-    let w = B * KVH * seg.seg_tokens * V_WORDS + i;
+    let w = x_word(i);
 #if V_KIND == KIND_NONE
     return v_store[w / 2u][w % 2u];
 #else
@@ -54,7 +59,7 @@ fn x_half2(x: vec2<f32>) -> u32 {
 }
 
 fn x_set(i: u32, x: u32) {
-    let w = B * KVH * seg.seg_tokens * V_WORDS + i;
+    let w = x_word(i);
 #if V_KIND == KIND_NONE
     v_store[w / 2u][w % 2u] = x;
 #else
