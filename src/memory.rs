@@ -88,7 +88,8 @@ pub struct MemoryReport {
     pub scratch: u64,
     /// Uniform parameter buffers (one per storage segment of each layer).
     pub params: u64,
-    /// The exact tokens' rows ([`crate::ExactTokens`]; 0 where the cache keeps none).
+    /// The exact tokens' rows and any K means ([`crate::ExactTokens`]; 0 where the cache keeps
+    /// none).
     pub exact: u64,
     /// Buffers of the host convenience API ([`crate::KvCache::append_host`] and
     /// [`crate::KvCache::attend_host`]), 0 until it is first used.

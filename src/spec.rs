@@ -21,11 +21,33 @@ pub struct ExactTokens {
     pub sink: u32,
     /// The newest positions of every sequence.
     pub recent: u32,
+    /// K's mean removed before the codec: once a sequence holds its `sink` tokens, the f32
+    /// per-channel mean of their (f16) K rows is kept on the GPU, and every later K row is
+    /// encoded as `k - mean`. Attention is unchanged in exact arithmetic (`q . (k - mean)`
+    /// shifts every score of a query alike, and the exact tokens are scored the same way),
+    /// but real K has channels with large means that the small block rotations of `iso` and
+    /// `rotor` cannot spread: on SmolLM2 this is what brings `k_iso3` and `k_rotor3` into
+    /// range (QUALITY.md). Needs `sink >= 1`; costs `head_dim x 4` bytes per sequence, KV head
+    /// and layer.
+    pub k_mean: bool,
 }
 
 impl ExactTokens {
     /// None: every token through the codec.
-    pub const NONE: ExactTokens = ExactTokens { sink: 0, recent: 0 };
+    pub const NONE: ExactTokens = ExactTokens {
+        sink: 0,
+        recent: 0,
+        k_mean: false,
+    };
+
+    /// The first `sink` and newest `recent` tokens exact, K's mean kept in the codes.
+    pub fn new(sink: u32, recent: u32) -> ExactTokens {
+        ExactTokens {
+            sink,
+            recent,
+            k_mean: false,
+        }
+    }
 
     /// Whether any token is kept exact.
     pub fn any(&self) -> bool {
@@ -137,7 +159,18 @@ impl CacheSpec {
 
     /// Keeps each sequence's first `sink` and newest `recent` tokens exact ([`ExactTokens`]).
     pub fn with_exact(mut self, sink: u32, recent: u32) -> CacheSpec {
-        self.exact = ExactTokens { sink, recent };
+        self.exact = ExactTokens {
+            sink,
+            recent,
+            ..self.exact
+        };
+        self
+    }
+
+    /// Removes K's mean over each sequence's sink before the codec ([`ExactTokens::k_mean`]);
+    /// needs exact sink tokens ([`CacheSpec::with_exact`]).
+    pub fn with_k_mean(mut self) -> CacheSpec {
+        self.exact.k_mean = true;
         self
     }
 
@@ -192,6 +225,12 @@ impl CacheSpec {
         if self.exact.any() && self.window.is_some() {
             return bad(
                 "exact tokens (CacheSpec::exact) are not supported with a sliding window".into(),
+            );
+        }
+        if self.exact.k_mean && self.exact.sink == 0 {
+            return bad(
+                "K's mean (ExactTokens::k_mean) is taken over the exact sink: sink must be at least 1"
+                    .into(),
             );
         }
         if self.exact.sink as u64 + self.exact.recent as u64 > MAX_EXACT_TOKENS as u64 {

@@ -11,6 +11,10 @@ use kvq::codec::CodecRef;
 use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError, reference};
 
 const TOL: f64 = 1e-3;
+/// How much worse (relative RMS error) a stored K row may encode `k - mean` than the CPU
+/// reference's encoder: rounding-boundary ties, and the GPU encoding the f32 input where this
+/// test keeps its f16 rounding.
+const CODE_TOL: f64 = 0.01;
 
 /// A cache with a host copy of every appended token (f16-rounded, `[len, kv_heads, d]` per
 /// layer and sequence) and each sequence's `exact_lo` as the cache keeps it.
@@ -42,8 +46,17 @@ impl Checked {
     fn tokens(&mut self, n: usize) -> (Vec<f32>, Vec<f32>) {
         let s = self.spec();
         let len = s.batch as usize * n * (s.kv_heads * s.head_dim) as usize;
+        // With K's mean removed, K gets channel means of its own (as real K has), up to 4.
+        let d = s.head_dim as usize;
+        let shift = |i: usize| {
+            if s.exact.k_mean {
+                4.0 * ((i % d) as f32 * 0.7).sin()
+            } else {
+                0.0
+            }
+        };
         let k = (0..len)
-            .map(|i| self.rng.normal() * if i % 37 == 0 { 6.0 } else { 1.0 })
+            .map(|i| self.rng.normal() * if i % 37 == 0 { 6.0 } else { 1.0 } + shift(i))
             .collect();
         (k, self.rng.normals(len, 1.0))
     }
@@ -69,9 +82,31 @@ impl Checked {
         self.k[layer as usize][b].len() / (s.kv_heads * s.head_dim) as usize
     }
 
+    /// K's mean over sequence b's sink (`[kv_heads, d]`) as the GPU takes it: the f16 rows
+    /// summed in f32 in position order, then divided; zeros without `k_mean` or a full sink.
+    fn k_mean(&self, layer: u32, b: usize) -> Vec<f64> {
+        let s = self.spec();
+        let (d, kvh, sink) = (
+            s.head_dim as usize,
+            s.kv_heads as usize,
+            s.exact.sink as usize,
+        );
+        let mut mean = vec![0.0; kvh * d];
+        if !s.exact.k_mean || self.len(layer, b) < sink {
+            return mean;
+        }
+        let hk = &self.k[layer as usize][b];
+        for (i, m) in mean.iter_mut().enumerate() {
+            let sum = (0..sink).fold(0.0f32, |a, p| a + hk[p * kvh * d + i] as f32);
+            *m = (sum / sink as f32) as f64;
+        }
+        mean
+    }
+
     /// f64 attention of query `q` (`[q_heads, d]`) of sequence `b` over positions `0..end`,
     /// positions from `ring_lo` on (and the sink's) from their f16 copies, the others from the
-    /// stored rows `rows` (read_rows) decoded.
+    /// stored rows `rows` (read_rows) decoded (plus K's mean where the cache removes it); and
+    /// each query head's log-sum-exp of its scaled scores.
     fn want(
         &self,
         layer: u32,
@@ -81,6 +116,18 @@ impl Checked {
         ring_lo: usize,
         rows: &(Vec<u32>, Vec<u32>),
     ) -> Vec<f64> {
+        self.want_with_lse(layer, b, q, end, ring_lo, rows).0
+    }
+
+    fn want_with_lse(
+        &self,
+        layer: u32,
+        b: usize,
+        q: &[f32],
+        end: usize,
+        ring_lo: usize,
+        rows: &(Vec<u32>, Vec<u32>),
+    ) -> (Vec<f64>, Vec<f64>) {
         let s = self.spec();
         let (d, kvh, qh) = (s.head_dim as usize, s.kv_heads as usize, s.q_heads as usize);
         let kref = CodecRef::new(s.codecs.k, s.head_dim, s.seed).unwrap();
@@ -89,6 +136,7 @@ impl Checked {
         let row = |h: usize, t: usize| (b * kvh + h) * s.capacity as usize + t;
         let exact = |t: usize| t < s.exact.sink as usize || t >= ring_lo;
         let (hk, hv) = (&self.k[layer as usize][b], &self.v[layer as usize][b]);
+        let mean = self.k_mean(layer, b);
         let mut k = Vec::with_capacity(end * kvh * d);
         let mut v = Vec::with_capacity(end * kvh * d);
         for t in 0..end {
@@ -99,22 +147,73 @@ impl Checked {
                     v.extend(&hv[at]);
                 } else {
                     let r = row(h, t);
-                    k.extend(kref.decode(&rows.0[r * kw..(r + 1) * kw]));
+                    let dec = kref.decode(&rows.0[r * kw..(r + 1) * kw]);
+                    k.extend(
+                        dec.iter()
+                            .zip(&mean[h * d..(h + 1) * d])
+                            .map(|(x, m)| x + m),
+                    );
                     v.extend(vref.decode(&rows.1[r * vw..(r + 1) * vw]));
                 }
             }
         }
         let qb: Vec<f64> = q.iter().map(|&x| x as f64).collect();
         let scale = s.softmax_scale() as f64;
-        reference::attention_with_scores(&v, qh, kvh, d, |qi, h, t| {
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        let score = |qi: usize, h: usize, t: usize| {
             let qv = &qb[qi * d..(qi + 1) * d];
             if s.codecs.k.qjl && !exact(t) {
                 let r = row(h, t);
-                return scale * kref.ip_estimate(&rows.0[r * kw..(r + 1) * kw], qv);
+                let ip = kref.ip_estimate(&rows.0[r * kw..(r + 1) * kw], qv);
+                return scale * (ip + dot(qv, &mean[h * d..(h + 1) * d]));
             }
-            let kr = &k[(t * kvh + h) * d..(t * kvh + h + 1) * d];
-            scale * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
-        })
+            scale * dot(qv, &k[(t * kvh + h) * d..(t * kvh + h + 1) * d])
+        };
+        let g = qh / kvh;
+        let lse = (0..qh)
+            .map(|qi| {
+                let sc: Vec<f64> = (0..end).map(|t| score(qi, qi / g, t)).collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                m + sc.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+            })
+            .collect();
+        (reference::attention_with_scores(&v, qh, kvh, d, score), lse)
+    }
+
+    /// With K's mean removed: every stored K row past the sink encodes `k - mean` about as
+    /// well as the CPU reference's encoder does (attention over the stored rows alone cannot
+    /// tell what the encoder was given). The worst excess relative error over the rows.
+    fn check_k_codes(&self, layer: u32) -> f64 {
+        let s = self.spec();
+        let (d, kvh) = (s.head_dim as usize, s.kv_heads as usize);
+        let kref = CodecRef::new(s.codecs.k, s.head_dim, s.seed).unwrap();
+        let kw = kref.layout().words as usize;
+        let rows = self.cache.read_rows(layer).unwrap();
+        let err = |dec: &[f64], x: &[f32]| {
+            let (mut e, mut n) = (0.0, 0.0);
+            for (a, &b) in dec.iter().zip(x) {
+                e += (a - b as f64).powi(2);
+                n += (b as f64).powi(2);
+            }
+            (e / n.max(1e-30)).sqrt()
+        };
+        let mut worst = 0.0f64;
+        for b in 0..s.batch as usize {
+            let mean = self.k_mean(layer, b);
+            for t in s.exact.sink as usize..self.len(layer, b) {
+                for h in 0..kvh {
+                    let at = (t * kvh + h) * d;
+                    let x: Vec<f32> = (0..d)
+                        .map(|i| (self.k[layer as usize][b][at + i] - mean[h * d + i]) as f32)
+                        .collect();
+                    let r = (b * kvh + h) * s.capacity as usize + t;
+                    let gpu = err(&kref.decode(&rows.0[r * kw..(r + 1) * kw]), &x);
+                    let cpu = err(&kref.decode(&kref.encode(&x)), &x);
+                    worst = worst.max(gpu - cpu);
+                }
+            }
+        }
+        worst
     }
 
     /// The first ring position of sequence b holding `len` tokens (`KvCache`'s rule).
@@ -280,6 +379,181 @@ fn exact_tokens_in_chunks() {
     }
 }
 
+/// K's mean removed (`ExactTokens::k_mean`) in every family, K given channel means of its
+/// own: the mean taken when an append or a fused step completes the sink (by the small and the
+/// wide append path, in one segment and across several), recomputed after a cut below it.
+#[test]
+fn k_mean_matches_reference() {
+    let cases = [
+        ("k_iso3", 64, 4, 4, 8),
+        ("k_rotor3", 96, 2, 5, 16),
+        ("turbo3_sym", 128, 1, 3, 5),
+        ("k=turbo2b+qjl,v=iso4", 256, 2, 4, 0),
+        ("q4_sym", 64, 8, 2, 6),
+        ("none", 64, 3, 1, 3),
+    ];
+    for (i, &(name, d, g, sink, recent)) in cases.iter().enumerate() {
+        let kvh = if g >= 7 { 1 } else { 2 };
+        let spec = CacheSpec::new(1, kvh * g, kvh, d, 300)
+            .with_codecs(KvCodecs::parse(name).unwrap())
+            .with_splits(3)
+            .with_batch(2)
+            .with_exact(sink, recent)
+            .with_k_mean();
+        let mut c = Checked::new(spec.clone(), 200 + i as u64);
+        let mut len = 0;
+        for target in [1usize, 2, 5, 9, 17, 70, 259] {
+            c.append(0, target - len);
+            len = target;
+            let e = c.check(0);
+            assert!(e <= TOL, "{name} d={d} g={g} len={len}: rel err {e:e}");
+        }
+        let e = c.check_k_codes(0);
+        assert!(e <= CODE_TOL, "{name}: K codes off by {e:e}");
+        // Below the sink and back (the mean taken again, from other tokens).
+        c.truncate(0, 1);
+        c.truncate(1, 200);
+        for more in [30usize, 2] {
+            c.append(0, more);
+            let e = c.check(0);
+            assert!(e <= TOL, "{name} after truncate: rel err {e:e}");
+        }
+        let e = c.check_k_codes(0);
+        assert!(e <= CODE_TOL, "{name} after truncate: K codes off by {e:e}");
+        // The sink completed by one wide append, across storage segments.
+        let mut spec = spec;
+        spec.segment_tokens = Some(64);
+        let mut c = Checked::new(spec, 300 + i as u64);
+        c.append(0, 200);
+        let e = c.check(0);
+        assert!(e <= TOL, "{name} wide append over segments: rel err {e:e}");
+        let e = c.check_k_codes(0);
+        assert!(e <= CODE_TOL, "{name} wide append: K codes off by {e:e}");
+    }
+}
+
+/// Fused steps that complete the sink (the exact workgroup stores the mean, split 0 computes
+/// it for its own rows), then an append into later segments and steps again.
+#[test]
+fn k_mean_in_fused_steps() {
+    let dev = &ctx().device;
+    for name in ["k_rotor3", "k=q4,v=none"] {
+        let mut spec = CacheSpec::new(2, 8, 2, 128, 200)
+            .with_codecs(KvCodecs::parse(name).unwrap())
+            .with_splits(3)
+            .with_batch(2)
+            .with_exact(4, 8)
+            .with_k_mean();
+        spec.segment_tokens = Some(64);
+        let mut c = Checked::new(spec, 17);
+        c.append(1, 1);
+        let per = 2 * 2 * 128;
+        let (kb, vb) = (
+            storage_buffer(ctx(), &vec![0.0; 2 * per]),
+            storage_buffer(ctx(), &vec![0.0; 2 * per]),
+        );
+        let (qb, ob) = (
+            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
+            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
+        );
+        for round in 0..2 {
+            // Steps of two tokens, then of one (the first round crosses the sink).
+            for (n, steps) in [(2u32, 3), (1, 4)] {
+                let io = c
+                    .cache
+                    .step_io(&kb, &vb, n, InputType::F32, &qb, &ob)
+                    .unwrap();
+                for step in 0..steps {
+                    let (k, v) = c.tokens(n as usize);
+                    ctx().queue.write_buffer(&kb, 0, bytemuck::cast_slice(&k));
+                    ctx().queue.write_buffer(&vb, 0, bytemuck::cast_slice(&v));
+                    let mut enc = dev.create_command_encoder(&Default::default());
+                    c.cache.step(&mut enc, 1, &io).unwrap();
+                    ctx().queue.submit([enc.finish()]);
+                    c.record(1, &k, &v);
+                    let e = c.check(1);
+                    assert!(
+                        e <= TOL,
+                        "{name} round {round} n={n} step {step}: rel err {e:e}"
+                    );
+                }
+            }
+            let e = c.check_k_codes(1);
+            assert!(e <= CODE_TOL, "{name} round {round}: K codes off by {e:e}");
+            c.append(1, 60);
+        }
+    }
+}
+
+/// A chunk that completes the sink: its queries' outputs and log-sum-exps (which add q . mean
+/// back) against the reference.
+#[test]
+fn k_mean_in_chunks() {
+    for (name, pre, n) in [
+        ("k_iso3", 1usize, 20usize),
+        ("turbo4_sym", 0, 7),
+        ("q4_sym", 30, 5),
+    ] {
+        let spec = CacheSpec::new(1, 8, 2, 64, 200)
+            .with_codecs(KvCodecs::parse(name).unwrap())
+            .with_splits(2)
+            .with_batch(2)
+            .with_exact(4, 6)
+            .with_k_mean();
+        let mut c = Checked::new(spec, 23);
+        if pre > 0 {
+            c.append(0, pre);
+        }
+        let (k, v) = c.tokens(n);
+        let s = c.spec();
+        let per_q = (s.q_heads * s.head_dim) as usize;
+        let rows = 2 * n;
+        let q = c.rng.normals(rows * per_q, 1.5);
+        let gpu = c.cache.context().clone();
+        let (kb, vb, qb) = (
+            storage_buffer(&gpu, &k),
+            storage_buffer(&gpu, &v),
+            storage_buffer(&gpu, &q),
+        );
+        let ob = storage_buffer(&gpu, &vec![f32::NAN; q.len()]);
+        let lb = storage_buffer(&gpu, &vec![f32::NAN; rows * s.q_heads as usize]);
+        let io = c
+            .cache
+            .chunk_io_lse(&kb, &vb, n as u32, InputType::F32, &qb, &ob, &lb)
+            .unwrap();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        c.cache.chunk(&mut enc, 0, &io).unwrap();
+        gpu.queue.submit([enc.finish()]);
+        let out = common::read_f32(&gpu, &ob, q.len());
+        let lse = common::read_f32(&gpu, &lb, rows * s.q_heads as usize);
+        c.record(0, &k, &v);
+        let stored = c.cache.read_rows(0).unwrap();
+        let (mut worst, mut worst_lse) = (0.0f64, 0.0f64);
+        for b in 0..2 {
+            let total = c.len(0, b);
+            let rl = c.ring_lo(b, total);
+            for i in 0..n {
+                let end = total - n + i + 1;
+                let r = (b * n + i) * per_q;
+                let (want, want_lse) =
+                    c.want_with_lse(0, b, &q[r..r + per_q], end, rl.min(end), &stored);
+                worst = worst.max(rel_err(&out[r..r + per_q], &want));
+                let at = (b * n + i) * s.q_heads as usize;
+                for (qh, w) in want_lse.iter().enumerate() {
+                    worst_lse = worst_lse.max((lse[at + qh] as f64 - w).abs() / w.abs().max(1.0));
+                }
+            }
+        }
+        assert!(worst <= TOL, "{name} n={n}: rel err {worst:e}");
+        assert!(
+            worst_lse <= TOL,
+            "{name} n={n}: log-sum-exp error {worst_lse:e}"
+        );
+        let e = c.check_k_codes(0);
+        assert!(e <= CODE_TOL, "{name} n={n}: K codes off by {e:e}");
+    }
+}
+
 #[test]
 fn exact_tokens_refused_where_unsupported() {
     let base = CacheSpec::new(1, 4, 2, 64, 100).with_exact(4, 8);
@@ -294,4 +568,22 @@ fn exact_tokens_refused_where_unsupported() {
     let c = KvCache::new(ctx(), CacheSpec::new(2, 4, 2, 64, 100).with_exact(4, 8)).unwrap();
     // (4 + 8) rows of K and V, 64 f16 each, per KV head, and a length word, per layer.
     assert_eq!(c.memory().exact, 2 * (2 * 12 * 2 * 64 * 2 + 4));
+    // K's mean needs a sink to be taken over; it costs 64 f32 per KV head and layer.
+    let e = KvCache::new(
+        ctx(),
+        CacheSpec::new(1, 4, 2, 64, 100)
+            .with_exact(0, 8)
+            .with_k_mean(),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, KvqError::InvalidSpec(_)), "{e}");
+    let c = KvCache::new(
+        ctx(),
+        CacheSpec::new(2, 4, 2, 64, 100)
+            .with_exact(4, 8)
+            .with_k_mean(),
+    )
+    .unwrap();
+    assert_eq!(c.memory().exact, 2 * (2 * 12 * 2 * 64 * 2 + 4 + 2 * 64 * 4));
 }

@@ -86,23 +86,24 @@ fn real_model_perplexity_and_codec_bounds() {
             s.kld
         );
     }
-    // The recommended 4-bit cache: turbo4 with the first 16 and newest 32 tokens exact, every
-    // token a chunk of its own (as decode steps), held to the 4-bit KL target.
-    let exact = kvq::ExactTokens {
-        sink: 16,
-        recent: 32,
+    // The recommended 4-bit cache (turbo4 with the first 16 and newest 32 tokens exact) and
+    // k_iso3 with K's mean removed as well, every token a chunk of its own (as decode steps),
+    // held to the 4-bit and the iso/rotor KL targets.
+    let exact = kvq::ExactTokens::new(16, 32);
+    let k_mean = kvq::ExactTokens {
+        k_mean: true,
+        ..exact
     };
-    let run = setup
-        .run(
-            Cache::KvqExact(KvCodecs::parse("turbo4_sym").unwrap(), exact),
-            &mut || {},
-        )
-        .unwrap();
-    let s = metrics::score(&run.log_probs, &none.log_probs, vocab, tokens);
-    eprintln!("turbo4_sym [sink16+recent32]: {s:?}");
-    assert!(
-        s.kld <= 0.03,
-        "turbo4_sym with exact tokens: KLD {:.5} above the 4-bit target 0.03",
-        s.kld
-    );
+    for (name, x, bound) in [("turbo4_sym", exact, 0.03), ("k_iso3", k_mean, 0.10)] {
+        let cache = Cache::KvqExact(KvCodecs::parse(name).unwrap(), x);
+        let label = cache.name();
+        let run = setup.run(cache, &mut || {}).unwrap();
+        let s = metrics::score(&run.log_probs, &none.log_probs, vocab, tokens);
+        eprintln!("{label}: {s:?}");
+        assert!(
+            s.kld <= bound,
+            "{label}: KLD {:.5} above its target {bound}",
+            s.kld
+        );
+    }
 }

@@ -58,6 +58,7 @@ fn configs() -> Vec<KernelConfig> {
                     kvq::ExactTokens {
                         sink: 4,
                         recent: 28,
+                        k_mean: i % 2 == 0,
                     }
                 } else {
                     Default::default()

@@ -88,15 +88,15 @@ impl Kvq {
         exact: ExactTokens,
         tokens: u32,
     ) -> Result<Kvq, String> {
-        let spec = CacheSpec::new(
+        let mut spec = CacheSpec::new(
             cfg.layers as u32,
             cfg.q_heads as u32,
             cfg.kv_heads as u32,
             cfg.head_dim as u32,
             tokens,
         )
-        .with_codecs(codecs)
-        .with_exact(exact.sink, exact.recent);
+        .with_codecs(codecs);
+        spec.exact = exact;
         let cache = KvCache::new(ctx, spec).map_err(|e| e.to_string())?;
         let kv_row = (cfg.kv_heads * cfg.head_dim * 4) as u64;
         let q_row = (cfg.q_heads * cfg.head_dim * 4) as u64;

@@ -26,8 +26,9 @@ pub enum Cache {
     Kvq(KvCodecs),
     /// The codecs' CPU reference with candidate levers around it ([`crate::levers`]).
     Sim(KvCodecs, Levers),
-    /// kvq on the GPU with these codecs and exact tokens (`CacheSpec::with_exact`), every token
-    /// a chunk of its own, so that each query sees the exact tokens a decode step would.
+    /// kvq on the GPU with these codecs and exact tokens (`CacheSpec::with_exact`, with K's
+    /// mean removed where `k_mean`), every token a chunk of its own, so that each query sees
+    /// the exact tokens a decode step would.
     KvqExact(KvCodecs, ExactTokens),
 }
 
@@ -38,7 +39,10 @@ impl Cache {
             Cache::Exact => "exact".into(),
             Cache::Kvq(c) => c.name(),
             Cache::Sim(c, l) => format!("{}@{}", c.name(), l.name()),
-            Cache::KvqExact(c, x) => format!("{} [sink{}+recent{}]", c.name(), x.sink, x.recent),
+            Cache::KvqExact(c, x) => {
+                let kmean = if x.k_mean { "kmean+" } else { "" };
+                format!("{} [{kmean}sink{}+recent{}]", c.name(), x.sink, x.recent)
+            }
         }
     }
 }
@@ -127,7 +131,12 @@ impl Setup {
                 // Every token's codes, and the exact tokens' f16 copies beside them.
                 let t = self.tokens.len();
                 let extra = 16.0 * x.rows().min(t as u32) as f64 / t as f64;
-                let bits = (c.k.bits_per_value(d) + extra, c.v.bits_per_value(d) + extra);
+                // K's mean: one f32 per channel, KV head and layer.
+                let mean = if x.k_mean { 32.0 / t as f64 } else { 0.0 };
+                let bits = (
+                    c.k.bits_per_value(d) + extra + mean,
+                    c.v.bits_per_value(d) + extra,
+                );
                 let a = Kvq::new(&self.ctx, cfg, c, x, self.tokens.len() as u32)?;
                 (Box::new(a) as Box<dyn Attention>, bits)
             }

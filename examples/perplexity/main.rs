@@ -54,8 +54,9 @@ const USAGE: &str =
                  ref,recent32,kmean+sink+recent32 (see levers.rs; rows <codec>@<levers>)
   --calib N      calibration / exact tokens of the levers (default 16)
   --exact S,R    also run each GPU codec keeping each sequence's first S and newest R tokens
-                 exact (CacheSpec::with_exact; rows '<codec> [sinkS+recentR]'); several sets
-                 separated by ';'
+                 exact (CacheSpec::with_exact; rows '<codec> [sinkS+recentR]'); S,R,kmean also
+                 removes K's mean over the sink (ExactTokens::k_mean; rows
+                 '<codec> [kmean+sinkS+recentR]'); several sets separated by ';'
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
                  recentN keeps exact, no longer count
@@ -140,12 +141,18 @@ fn parse_args() -> Result<Args, String> {
             }
             "--calib" => calib = val.parse().map_err(|_| format!("bad --calib {val}"))?,
             "--exact" => {
-                for pair in val.split(';') {
-                    let bad = || format!("bad --exact {pair} (SINK,RECENT)");
-                    let (s, r) = pair.split_once(',').ok_or_else(bad)?;
+                for set in val.split(';') {
+                    let bad = || format!("bad --exact {set} (SINK,RECENT or SINK,RECENT,kmean)");
+                    let parts: Vec<&str> = set.split(',').map(str::trim).collect();
+                    let (s, r, k_mean) = match parts[..] {
+                        [s, r] => (s, r, false),
+                        [s, r, "kmean"] => (s, r, true),
+                        _ => return Err(bad()),
+                    };
                     exact.push(kvq::ExactTokens {
-                        sink: s.trim().parse().map_err(|_| bad())?,
-                        recent: r.trim().parse().map_err(|_| bad())?,
+                        sink: s.parse().map_err(|_| bad())?,
+                        recent: r.parse().map_err(|_| bad())?,
+                        k_mean,
                     });
                 }
             }

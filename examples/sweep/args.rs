@@ -8,7 +8,7 @@ use crate::codec_list::split_codecs;
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
-             [--wait spin|block] [--exact SINK,RECENT] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
@@ -59,7 +59,8 @@ pub struct Args {
     /// A sweep CSV to plot again (with `--plot`) instead of measuring.
     pub replot: Option<String>,
     pub mem_budget: Option<f64>,
-    /// `--exact SINK,RECENT`: every cache keeps those tokens exact (`CacheSpec::with_exact`).
+    /// `--exact SINK,RECENT[,kmean]`: every cache keeps those tokens exact
+    /// (`CacheSpec::with_exact`), and with `kmean` removes K's mean (`ExactTokens::k_mean`).
     pub exact: kvq::ExactTokens,
 }
 
@@ -177,12 +178,17 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         }
         "--wg" => a.wg = Some(num(&val)?),
         "--exact" => {
-            let (s, r) = val
-                .split_once(',')
-                .ok_or(format!("--exact: '{val}' is not SINK,RECENT"))?;
+            let parts: Vec<&str> = val.split(',').collect();
+            let bad = || format!("--exact: '{val}' is not SINK,RECENT or SINK,RECENT,kmean");
+            let (s, r, k_mean) = match parts[..] {
+                [s, r] => (s, r, false),
+                [s, r, "kmean"] => (s, r, true),
+                _ => return Err(bad()),
+            };
             a.exact = kvq::ExactTokens {
                 sink: num(s)?,
                 recent: num(r)?,
+                k_mean,
             };
         }
         "--wait" => {

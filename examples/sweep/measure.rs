@@ -236,8 +236,8 @@ impl PointRun<'_> {
             capacity(self.context, args.warmup, self.steps, self.queries),
         )
         .with_codecs(self.codecs)
-        .with_batch(args.batch)
-        .with_exact(args.exact.sink, args.exact.recent);
+        .with_batch(args.batch);
+        spec.exact = args.exact;
         spec.splits = args.splits;
         spec.workgroup = args.wg;
         self.status("allocating");

@@ -92,6 +92,15 @@ pub(super) fn exact_bytes(spec: &CacheSpec) -> u64 {
     4 * spec.batch as u64 + 2 * rows * spec.head_dim as u64 * 2
 }
 
+/// Bytes of K's means ([`crate::ExactTokens::k_mean`]), at the end of the lengths buffer:
+/// `head_dim` f32 per layer, sequence and KV head.
+pub(super) fn k_mean_bytes(spec: &CacheSpec) -> u64 {
+    if !spec.exact.k_mean {
+        return 0;
+    }
+    4 * spec.layers as u64 * spec.batch as u64 * spec.kv_heads as u64 * spec.head_dim as u64
+}
+
 /// Bytes after segment `s`'s V rows with exact tokens: the layer's exact tokens after the
 /// first segment's ([`exact_bytes`]), a copy of their `exact_lo` after every other's.
 pub(super) fn exact_tail(spec: &CacheSpec, s: u32) -> u64 {

@@ -123,8 +123,10 @@ impl KvCache {
         if let Some(h) = &*self.host_query.lock().unwrap_or_else(|e| e.into_inner()) {
             host_staging += h.q.size() + h.out.size();
         }
-        // The lengths buffer holds the lengths and overflow flags, then the codec constants.
-        let state = part(OwnedPart::Lengths);
+        // The lengths buffer holds the lengths and overflow flags, then the codec constants,
+        // then any K means (counted with the exact tokens they are taken over).
+        let k_mean = buffers::k_mean_bytes(&self.spec);
+        let state = part(OwnedPart::Lengths) - k_mean;
         let lengths = state.min(8 * self.spec.layers as u64 * self.spec.batch as u64);
         MemoryReport {
             k: StoreBytes::of_rows(self.spec.codecs.k, d, k),
@@ -133,7 +135,7 @@ impl KvCache {
             constants: state - lengths,
             scratch: part(OwnedPart::Scratch),
             params: part(OwnedPart::Params),
-            exact,
+            exact: exact + k_mean,
             host_staging,
         }
     }

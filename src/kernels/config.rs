@@ -222,6 +222,7 @@ impl KernelConfig {
         let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
         c("QJL_S", cst.qjl);
         c("CST", 2 * self.layers * self.batch);
+        c("KMU", 2 * self.layers * self.batch + cst.k_mean);
         c("VW", self.v_width());
         c("VC", self.v_columns());
         c("PV4", self.partial_width() / 4);
@@ -256,6 +257,7 @@ impl KernelConfig {
         );
         h.constant("SCALE", Value::F32(self.scale));
         h.constant("EXACT", Value::Bool(self.exact.any()));
+        h.constant("KMEAN", Value::Bool(self.exact.k_mean));
         h
     }
 
@@ -496,11 +498,24 @@ impl KernelConfig {
             }
         };
         let (k, v) = (side(self.k), side(self.v));
+        let qjl = at;
+        let k_mean = qjl + if self.k.qjl { d * d } else { 0 };
         ConstantOffsets {
             k,
             v,
-            qjl: at,
-            len: at + if self.k.qjl { d * d } else { 0 },
+            qjl,
+            k_mean,
+            len: k_mean + self.k_mean_words(),
+        }
+    }
+
+    /// Words of K's means ([`crate::ExactTokens::k_mean`]): `[layers, batch, kv_heads, d]` f32,
+    /// after the codec constants in the lengths buffer; 0 without.
+    pub(crate) fn k_mean_words(&self) -> u32 {
+        if self.exact.k_mean {
+            self.layers * self.batch * self.kv_heads * self.head_dim
+        } else {
+            0
         }
     }
 
@@ -508,7 +523,8 @@ impl KernelConfig {
     /// boundaries, QJL matrix: exactly the CPU reference's f32 values for `seed`; a rotor's
     /// matrices and an iso's quaternions, whose left-multiplication matrices the reference
     /// uses, one coefficient of every group before the next), as stored after the lengths and
-    /// overflow flags in the lengths buffer.
+    /// overflow flags in the lengths buffer, then K's means (zeros: a cache's state, which the
+    /// kernels write once a sequence holds its sink).
     pub(crate) fn constants(&self, seed: u64) -> Vec<f32> {
         let d = self.head_dim as usize;
         let off = self.constant_offsets();
@@ -552,6 +568,7 @@ struct ConstantOffsets {
     k: SideOffsets,
     v: SideOffsets,
     qjl: u32,
+    k_mean: u32,
     len: u32,
 }
 

@@ -30,7 +30,7 @@ fn {{side}}_put_word(row: u32, w: u32, word: u32) {
 // saturate at ±65504 (pack2x16float of them is indeterminate, an Inf on some drivers, which
 // would make the token's score or the output Inf/NaN).
 fn encode_{{side}}(row: u32, src: u32, task: u32) {
-    let x = clamp(in_pair_{{side}}(src + task), vec2<f32>(-65504.0), vec2<f32>(65504.0));
+    let x = clamp(in_code_{{side}}(src + task), vec2<f32>(-65504.0), vec2<f32>(65504.0));
     {{side}}_put_word(row, task, pack2x16float(x));
 }
 #endif

@@ -62,9 +62,9 @@ fn encode_rows_{{side}}(lid: u32, nt: u32, nr: u32, sides: u32) {
         if k < D {
             let p = enc_src[r % nr] + k / 2u;
             if r < nr {
-                x = in_pair_{{side}}(p)[k % 2u];
+                x = in_code_{{side}}(p)[k % 2u];
             } else {
-                x = in_pair_v(p)[k % 2u];
+                x = in_code_v(p)[k % 2u];
             }
         }
         rs_set(i, x);

@@ -51,7 +51,7 @@ fn {{side}}_quantize(x: vec2<f32>, d: f32, qmax: f32) -> vec2<f32> {
 fn {{side}}_block_scale(src: u32, blk: u32, qmax: f32) -> f32 {
     var amax = 0.0;
     for (var i = 0u; i < 16u; i++) {
-        let p = abs(in_pair_{{side}}(src + 16u * blk + i));
+        let p = abs(in_code_{{side}}(src + 16u * blk + i));
         amax = max(amax, max(p.x, p.y));
     }
     return f16_round(min(amax / qmax, 65504.0));
@@ -80,7 +80,7 @@ fn encode_{{side}}(row: u32, src: u32, task: u32) {
     let per_word = 32u / {{S}}_BITS;
     var word = 0u;
     for (var i = 0u; i < per_word; i += 2u) {
-        let x = in_pair_{{side}}(src + (task * per_word + i) / 2u);
+        let x = in_code_{{side}}(src + (task * per_word + i) / 2u);
         let c = {{side}}_quantize(x, d, qmax);
         let u = vec2<u32>(vec2<i32>(c) + vec2<i32>(1 << ({{S}}_BITS - 1u)));
         word |= (u.x << (i * {{S}}_BITS)) | (u.y << ((i + 1u) * {{S}}_BITS));

@@ -127,6 +127,11 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     let b = wid.y;
     let base = append_start(lid, b);
     if fits(base, input.n) {
+#if KMEAN
+        if kmu_begin(base, input.n) {
+            kmu_write(lid, APPEND_WG, b, 0u, KVH);
+        }
+#endif
         for (var i = lid; i < input.n * KVH * ROW_TASKS; i += APPEND_WG) {
             write_task(b, base, i);
         }
@@ -154,6 +159,12 @@ fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
     if !fits(base, input.n) {
         return;
     }
+#if KMEAN
+    // (The grid's first workgroup stores the mean; the others compute what it stores.)
+    if kmu_begin(base, input.n) && wid.x == 0u {
+        kmu_write(lid, APPEND_WG, b, 0u, KVH);
+    }
+#endif
     if COOP {
         let rows = input.n * KVH;
         encode_range(lid, b, base, min(rows, wid.x * input.coop_rows), min(rows, (wid.x + 1u) * input.coop_rows));

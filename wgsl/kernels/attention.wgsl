@@ -214,9 +214,47 @@ fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(x_at(r)), unpack2x16float(x_at(r + 1u)));
 }
 
+#if KMEAN
+// K's mean (shared/exact.wgsl), which the exact rows' scores subtract as the codes hold it.
+var<workgroup> xmu_sh: array<vec4<f32>, XC>;
+
+// Fills xmu_sh (published by a later barrier): zeros while the sequence is shorter than its
+// sink (no code is attended), the stored mean, or in a fused step that completes the sink the
+// mean computed from the sink's rows, which this workgroup also stores for head h (the splits
+// of later segments read it after this dispatch).
+fn x_load_mean(lid: u32, b: u32, h: u32, len: u32, lc: u32) {
+    for (var c = lid; c < XC; c += WG) {
+        var m = vec4<f32>(0.0);
+        if lc >= SINK {
+#if ENCODE
+            if len < SINK {
+                kmu_base = len;
+                m = vec4<f32>(kmu_source(b, h, 2u * c, input.n), kmu_source(b, h, 2u * c + 1u, input.n));
+                let at = kmu_at(b, h) + 4u * c;
+                lens[at] = bitcast<u32>(m.x);
+                lens[at + 1u] = bitcast<u32>(m.y);
+                lens[at + 2u] = bitcast<u32>(m.z);
+                lens[at + 3u] = bitcast<u32>(m.w);
+            } else {
+                m = kmu_load(b, h, c);
+            }
+#else
+            m = kmu_load(b, h, c);
+#endif
+        }
+        xmu_sh[c] = m;
+    }
+}
+#endif
+
 // Arguments are uniform (every invocation calls it; barriers inside): `total` tokens are
-// attended, the committed length is `lc`, row g's causal end is first + g / G in a chunk.
-fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, total: u32, first: u32, lc: u32, xlo: u32) {
+// attended (`len` of them stored before this dispatch), the committed length is `lc`, row g's
+// causal end is first + g / G in a chunk.
+fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, len: u32, total: u32, first: u32, lc: u32, xlo: u32) {
+#if KMEAN
+    // The codes hold K less its mean: the exact rows are scored less it too.
+    x_load_mean(lid, b, h, len, lc);
+#endif
     if K_ROTATED {
         for (var i = lid; i < GR * XC; i += WG) {
             let r = i / XC;
@@ -251,7 +289,10 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
                     w[u] = vec2<u32>(x_at(r + 2u * (k0 + u)), x_at(r + 2u * (k0 + u) + 1u));
                 }
                 for (var u = 0u; u < 8u; u++) {
-                    let x = vec4<f32>(unpack2x16float(w[u].x), unpack2x16float(w[u].y));
+                    var x = vec4<f32>(unpack2x16float(w[u].x), unpack2x16float(w[u].y));
+#if KMEAN
+                    x -= xmu_sh[k0 + u];
+#endif
                     sc$g += dot(xq($gu, k0 + u), x);
                 }
             }
@@ -443,7 +484,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         if seg.split_base == 0u {
             write_exact_rows(lid, b, h, len);
             storageBarrier();
-            exact_partial(lid, b, h, qb, nz, pb, part_ml, total, first, total + later, xlo);
+            exact_partial(lid, b, h, qb, nz, pb, part_ml, len, total, first, total + later, xlo);
         }
         return;
     }
@@ -749,9 +790,29 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     let y = o * select(0.0, 1.0 / l, l > 0.0);
     let p = (qb * QH + qh) * D;
 #if CHUNK
+    var qmu = 0.0;
+#if KMEAN
+    // Scores were taken against K less its mean (shared/exact.wgsl): the log-sum-exp adds
+    // q . mean back, summed over the workgroup (lane_acc is free after the merge).
+    if chunk.lse != 0u {
+        workgroupBarrier();
+        var d = 0.0;
+        if lid < D / 4u && lens[len_index(seg.layer, b)] >= SINK {
+            let o = (qb * QH + qh) * D + 4u * lid;
+            d = dot(vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE, kmu_load(b, qh / G, lid));
+        }
+        lane_acc[lid] = vec4<f32>(d, 0.0, 0.0, 0.0);
+        workgroupBarrier();
+        if lid == 0u {
+            for (var i = 0u; i < D / 4u; i++) {
+                qmu += lane_acc[i].x;
+            }
+        }
+    }
+#endif
     // The row's log-sum-exp (NEG for an empty sequence): lane 0 holds the merged (m, l).
     if chunk.lse != 0u && lid == 0u {
-        lse_out[qb * QH + qh] = select(NEG, m + log(l), l > 0.0);
+        lse_out[qb * QH + qh] = select(NEG, m + log(l) + qmu, l > 0.0);
     }
 #endif
     if V_ROTATED {

@@ -37,6 +37,10 @@ fn step_tokens(len: u32) -> u32 {
 // segment (of more than CAP new tokens, a ring keeps the last CAP). Arguments are uniform.
 fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
     let n = step_tokens(len);
+#if KMEAN
+    // (The exact workgroup stores the mean where this step completes the sink.)
+    kmu_begin(len, n);
+#endif
     let t0 = n - min(n, CAP);
     let runs = seg_runs(len + t0, len + n, seg);
     if runs.y + runs.z == 0u {

@@ -75,3 +75,96 @@ fn x_put(b: u32, h: u32, p: u32, src: u32, w: u32) {
     x_set(r + XV, x_half2(in_pair_v(src + w)));
 }
 #endif
+
+#if KMEAN
+// K's mean (ExactTokens::k_mean): once a sequence holds its SINK tokens, the f32 mean of their
+// f16 K rows per channel, kept in `lens` after the codec constants ([LAYERS, B, KVH, D] f32)
+// and written by the first segment's dispatch that completes the sink. Every later K row is
+// encoded as k - mean, and the exact workgroup scores k - mean too: every score of a query is
+// shifted alike, so the softmax is unchanged (a chunk's log-sum-exp adds q . mean back).
+
+// Word of value 0 of sequence b's mean, head h.
+fn kmu_at(b: u32, h: u32) -> u32 {
+    return KMU + ((seg.layer * B + b) * KVH + h) * D;
+}
+
+// Values 4c .. 4c + 3 of the stored mean.
+fn kmu_load(b: u32, h: u32, c: u32) -> vec4<f32> {
+    let i = kmu_at(b, h) + 4u * c;
+    return bitcast<vec4<f32>>(vec4<u32>(lens[i], lens[i + 1u], lens[i + 2u], lens[i + 3u]));
+}
+
+#if ENCODE
+// Where this workgroup's K encoders take the mean from (kmu_begin): nowhere (every new
+// position lies in the sink, whose codes are never attended), the stored mean, or the sink's
+// rows themselves (in the first segment's dispatch that completes the sink: the stored mean
+// is being written beside it).
+const KMU_NONE: u32 = 0u;
+const KMU_STORED: u32 = 1u;
+const KMU_SOURCE: u32 = 2u;
+var<private> kmu_mode: u32;
+// The sequence's length before this dispatch's tokens.
+var<private> kmu_base: u32;
+
+// Sets the mode for new positions base .. base + n; returns whether this dispatch writes the
+// mean (it completes the sink, and it is the first segment's).
+fn kmu_begin(base: u32, n: u32) -> bool {
+    kmu_base = base;
+    let writes = base < SINK && base + n >= SINK && seg.split_base == 0u;
+    if base + n <= SINK {
+        kmu_mode = KMU_NONE;
+    } else if writes {
+        kmu_mode = KMU_SOURCE;
+    } else {
+        kmu_mode = KMU_STORED;
+    }
+    return writes;
+}
+
+// Values 2w, 2w + 1 of the mean over sequence b's sink (head h) in the dispatch that completes
+// it: positions below kmu_base from their exact copies, the rest from the input rounded to
+// f16 as their copies are, summed in position order, so that every workgroup computes what
+// the writer stores. (x_at reads the first segment's region: KMU_SOURCE is only there.)
+fn kmu_source(b: u32, h: u32, w: u32, n: u32) -> vec2<f32> {
+    var s = vec2<f32>(0.0);
+    for (var p = 0u; p < SINK; p++) {
+        if p < kmu_base {
+            s += unpack2x16float(x_at(x_row(b, h, p) + w));
+        } else {
+            let x = clamp(in_pair_k(((b * n + p - kmu_base) * KVH + h) * (D / 2u) + w), vec2<f32>(-65504.0), vec2<f32>(65504.0));
+            s += sign(x) * vec2<f32>(f16_round(abs(x.x)), f16_round(abs(x.y)));
+        }
+    }
+    return s / f32(SINK);
+}
+
+// K's input pair i less the mean (see in_pair_k; the encoders' view of K).
+fn in_code_k(i: u32) -> vec2<f32> {
+    let x = in_pair_k(i);
+    if kmu_mode == KMU_NONE {
+        return x;
+    }
+    let w = i % (D / 2u);
+    let h = (i / (D / 2u)) % KVH;
+    let b = i / (D / 2u * KVH * input.n);
+    if kmu_mode == KMU_SOURCE {
+        return x - kmu_source(b, h, w, input.n);
+    }
+    let m = kmu_at(b, h) + 2u * w;
+    return x - vec2<f32>(bitcast<f32>(lens[m]), bitcast<f32>(lens[m + 1u]));
+}
+
+// Stores the mean of heads h0 .. h0 + nh of sequence b (nt invocations share it), in the
+// dispatch that completes the sink.
+fn kmu_write(lid: u32, nt: u32, b: u32, h0: u32, nh: u32) {
+    for (var i = lid; i < nh * (D / 2u); i += nt) {
+        let h = h0 + i / (D / 2u);
+        let w = i % (D / 2u);
+        let m = kmu_source(b, h, w, input.n);
+        let at = kmu_at(b, h) + 2u * w;
+        lens[at] = bitcast<u32>(m.x);
+        lens[at + 1u] = bitcast<u32>(m.y);
+    }
+}
+#endif
+#endif

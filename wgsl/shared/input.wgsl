@@ -11,3 +11,10 @@ alias IN_T = f32;
 fn in_pair_k(i: u32) -> vec2<f32> { return finite_or_zero(vec2<f32>(k_in[2u * i], k_in[2u * i + 1u])); }
 fn in_pair_v(i: u32) -> vec2<f32> { return finite_or_zero(vec2<f32>(v_in[2u * i], v_in[2u * i + 1u])); }
 #endif
+
+// What the encoders (the codec files' encode_*) read: V's input, and K's less K's mean where
+// the cache removes it (KMEAN: in_code_k in shared/exact.wgsl).
+fn in_code_v(i: u32) -> vec2<f32> { return in_pair_v(i); }
+#if !KMEAN
+fn in_code_k(i: u32) -> vec2<f32> { return in_pair_k(i); }
+#endif
