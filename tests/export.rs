@@ -197,6 +197,13 @@ fn scenarios_cover_every_gpu_codec_both_paths_and_the_shapes() {
             );
         }
     }
+    // Exact tokens on every path, K's mean removed on the append and the fused step's.
+    for path in [StepPath::Separate, StepPath::Fused, StepPath::Chunk] {
+        assert!(sc.iter().any(|s| s.path == path && s.spec.exact.any()));
+    }
+    for path in [StepPath::Separate, StepPath::Fused] {
+        assert!(sc.iter().any(|s| s.path == path && s.spec.exact.k_mean));
+    }
     let names: std::collections::HashSet<_> = sc.iter().map(|s| &s.name).collect();
     assert_eq!(names.len(), sc.len(), "scenario names are unique");
     assert!(

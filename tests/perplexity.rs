@@ -95,7 +95,7 @@ fn real_model_perplexity_and_codec_bounds() {
         ..exact
     };
     for (name, x, bound) in [("turbo4_sym", exact, 0.03), ("k_iso3", k_mean, 0.10)] {
-        let cache = Cache::KvqExact(KvCodecs::parse(name).unwrap(), x);
+        let cache = Cache::KvqExact(KvCodecs::parse(name).unwrap(), x, 1);
         let label = cache.name();
         let run = setup.run(cache, &mut || {}).unwrap();
         let s = metrics::score(&run.log_probs, &none.log_probs, vocab, tokens);

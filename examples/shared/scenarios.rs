@@ -129,6 +129,41 @@ pub fn scenarios() -> Vec<Scenario> {
         sc.seed = 5000 + n as u64;
         out.push(sc);
     }
+    // Exact tokens (sink and ring) on three caches without a window, one per path, two with
+    // K's mean removed: the sink completed by the prefill (small or wide append), the ring
+    // wrapping during the steps.
+    let plain: Vec<usize> = (0..out.len())
+        .filter(|&i| out[i].spec.window.is_none())
+        .collect();
+    for (n, (path, k_mean)) in [
+        (StepPath::Separate, true),
+        (StepPath::Fused, true),
+        (StepPath::Chunk, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut sc = out[plain[(n * 5 + 1) % plain.len()]].clone();
+        sc.spec.exact = kvq::ExactTokens {
+            sink: 3,
+            recent: 4,
+            k_mean,
+        };
+        if path == StepPath::Chunk {
+            sc.spec.capacity += (StepPath::Chunk.tokens() - 1) * sc.steps;
+        }
+        sc.name = format!(
+            "{}-x3_4{}-{}",
+            sc.name
+                .trim_end_matches(&format!("-{}", path_name(sc.path)))
+                .trim_end_matches("-chunk"),
+            if k_mean { "k" } else { "" },
+            path_name(path)
+        );
+        sc.path = path;
+        sc.seed = 7000 + n as u64;
+        out.push(sc);
+    }
     out
 }
 

@@ -295,10 +295,14 @@ impl Inputs {
         };
         let qs: Vec<f64> = q.iter().map(|&x| x as f64).collect();
         // A sliding window attends its last `window` tokens only.
-        let len = self.ks[seq].len() / (kvh * d) - later;
+        let total = self.ks[seq].len() / (kvh * d);
+        let len = total - later;
         let first = (len - len.min(s.window.unwrap_or(s.capacity) as usize)) * kvh * d;
         let end = len * kvh * d;
         let (ks, vs) = (&self.ks[seq][first..end], &self.vs[seq][first..end]);
+        if s.exact.any() {
+            return self.expected_exact(s, seq, &qs, len, total, kref, vref);
+        }
         let (kd, vd) = (dequant(kref, ks), dequant(vref, vs));
         if s.codecs.k.qjl {
             // Scores from the QJL estimator over the encoded rows, as the GPU computes.
@@ -310,6 +314,72 @@ impl Inputs {
         } else {
             reference::attention(&qs, &kd, &vd, qh, kvh, d, s.softmax_scale() as f64)
         }
+    }
+
+    /// [`Self::expected_output`] with exact tokens ([`crate::ExactTokens`], never with a
+    /// window): positions below the sink and from the ring's start on (the newest `recent`
+    /// of the `total` the sequence holds) attended as given, the others through the codecs,
+    /// K less its mean over the sink where the cache removes it (the mean as the GPU takes it:
+    /// an f32 sum in position order, divided) and the scores shifted back by q · mean, which
+    /// leaves the softmax as it is.
+    #[allow(clippy::too_many_arguments)]
+    fn expected_exact(
+        &self,
+        s: &CacheSpec,
+        seq: usize,
+        qs: &[f64],
+        len: usize,
+        total: usize,
+        kref: &CodecRef,
+        vref: &CodecRef,
+    ) -> Vec<f64> {
+        let (qh, kvh, d) = (s.q_heads as usize, s.kv_heads as usize, s.head_dim as usize);
+        let sink = s.exact.sink as usize;
+        let ring_lo = sink
+            .max(total.saturating_sub(s.exact.recent as usize))
+            .min(total);
+        let exact = |t: usize| t < sink || t >= ring_lo;
+        let (ks, vs) = (&self.ks[seq], &self.vs[seq]);
+        let mut mean = vec![0.0f32; kvh * d];
+        if s.exact.k_mean && total >= sink {
+            for (i, m) in mean.iter_mut().enumerate() {
+                *m = (0..sink).fold(0.0f32, |a, p| a + ks[p * kvh * d + i]) / sink as f32;
+            }
+        }
+        let mut kd = Vec::with_capacity(len * kvh * d);
+        let mut vd = Vec::with_capacity(len * kvh * d);
+        let mut rows = Vec::with_capacity(len * kvh);
+        for t in 0..len {
+            for h in 0..kvh {
+                let at = (t * kvh + h) * d..(t * kvh + h + 1) * d;
+                let mu = &mean[h * d..(h + 1) * d];
+                if exact(t) {
+                    kd.extend(ks[at.clone()].iter().map(|&x| x as f64));
+                    vd.extend(vs[at].iter().map(|&x| x as f64));
+                    rows.push(Vec::new());
+                } else {
+                    let x: Vec<f32> = ks[at.clone()].iter().zip(mu).map(|(k, m)| k - m).collect();
+                    let row = kref.encode(&x);
+                    kd.extend(kref.decode(&row).iter().zip(mu).map(|(y, &m)| y + m as f64));
+                    vd.extend(vref.decode(&vref.encode(&vs[at])));
+                    rows.push(row);
+                }
+            }
+        }
+        let scale = s.softmax_scale() as f64;
+        reference::attention_with_scores(&vd, qh, kvh, d, |q, h, t| {
+            let qv = &qs[q * d..(q + 1) * d];
+            if s.codecs.k.qjl && !exact(t) {
+                let qm: f64 = qv
+                    .iter()
+                    .zip(&mean[h * d..(h + 1) * d])
+                    .map(|(a, &b)| a * b as f64)
+                    .sum();
+                return scale * (kref.ip_estimate(&rows[t * kvh + h], qv) + qm);
+            }
+            let kr = &kd[(t * kvh + h) * d..(t * kvh + h + 1) * d];
+            scale * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+        })
     }
 }
 
@@ -486,8 +556,14 @@ fn limits(
 /// One-line summary of the scenario (shape, codecs, lengths, path).
 fn summary(sc: &Scenario, cache: &KvCache) -> String {
     let s = &sc.spec;
+    let x = s.exact;
+    let exact = match (x.any(), x.k_mean) {
+        (false, _) => String::new(),
+        (true, false) => format!(", exact tokens {} + {}", x.sink, x.recent),
+        (true, true) => format!(", exact tokens {} + {}, K's mean", x.sink, x.recent),
+    };
     format!(
-        "K {} V {}, head_dim {}, {} q heads / {} kv heads (GQA {}), batch {}, {} segment(s) x {} split(s), layer {} of {}, prefill {} ({}) + {} steps ({}, {})",
+        "K {} V {}{exact}, head_dim {}, {} q heads / {} kv heads (GQA {}), batch {}, {} segment(s) x {} split(s), layer {} of {}, prefill {} ({}) + {} steps ({}, {})",
         s.codecs.k.name(),
         s.codecs.v.name(),
         s.head_dim,
