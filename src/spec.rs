@@ -10,11 +10,11 @@ pub const MAX_LENGTHS: u64 = 1 << 20;
 /// in place of the codes: each sequence's first `sink` positions and its newest `recent`. On a
 /// real model these are what a quantized cache must not lose (QUALITY.md: on SmolLM2, 16 + 32
 /// of them cut `turbo4_sym`'s KL divergence from 0.068 to 0.006). The store still encodes
-/// every token, so nothing is re-encoded when a token grows old. Costs
-/// `(sink + recent) x head_dim x 4` bytes per sequence, KV head and layer
-/// ([`crate::MemoryReport::exact`]). A decode step sees exactly its newest `recent` tokens
-/// exact; a chunk's queries see the newest `recent` of the cache after the whole chunk. Not
-/// with a sliding [`CacheSpec::window`].
+/// every token, so nothing is re-encoded when a token grows old. Every query, of a decode
+/// step or of a chunk, sees exactly the sink and the `recent` positions up to its own exact.
+/// Costs [`ExactTokens::rows`]` x head_dim x 4` bytes per sequence, KV head and layer
+/// ([`crate::MemoryReport::exact`]): the ring holds [`EXACT_CHUNK_SLICE`] slots beyond
+/// `recent`, for chunks. Not with a sliding [`CacheSpec::window`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExactTokens {
     /// The first positions of every sequence (attention sinks).
@@ -54,13 +54,30 @@ impl ExactTokens {
         self.sink + self.recent > 0
     }
 
-    /// Exact rows per sequence, KV head and layer.
+    /// Ring slots per sequence for the newest tokens: `recent` plus [`EXACT_CHUNK_SLICE`]
+    /// (0 without `recent`). A chunk is appended and attended [`EXACT_CHUNK_SLICE`] tokens at
+    /// a time, so that the ring still holds the `recent` tokens before each query of a slice:
+    /// every query of a chunk sees what a decode step at its position would.
+    pub fn ring(&self) -> u32 {
+        if self.recent == 0 {
+            0
+        } else {
+            self.recent + EXACT_CHUNK_SLICE
+        }
+    }
+
+    /// Exact rows per sequence, KV head and layer: the sink's and the ring's.
     pub fn rows(&self) -> u32 {
-        self.sink + self.recent
+        self.sink + self.ring()
     }
 }
 
-/// Most exact tokens a cache keeps per sequence ([`ExactTokens::rows`]).
+/// New tokens per sequence of a chunk appended and attended together where a cache keeps
+/// recent tokens exact ([`ExactTokens::ring`]); a longer chunk goes slice by slice, in one
+/// recording.
+pub const EXACT_CHUNK_SLICE: u32 = 64;
+
+/// Most exact tokens a cache keeps per sequence (`sink + recent`).
 pub const MAX_EXACT_TOKENS: u32 = 4096;
 
 /// What a [`crate::KvCache`] holds.

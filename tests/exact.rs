@@ -254,7 +254,7 @@ impl Checked {
         let cur = self.len(0, b);
         self.cache.truncate(b as u32, len as u32).unwrap();
         let e = &mut self.exact_lo[b];
-        *e = (len as u32).min((*e).max((cur as u32).saturating_sub(s.exact.recent)));
+        *e = (len as u32).min((*e).max((cur as u32).saturating_sub(s.exact.ring())));
         for l in 0..s.layers as usize {
             self.k[l][b].truncate(len * per);
             self.v[l][b].truncate(len * per);
@@ -341,16 +341,22 @@ fn exact_tokens_with_segments_and_fused_steps() {
     }
 }
 
-/// A chunk of new tokens: query i attends positions up to its own; the ring is the one the
-/// cache holds after the whole chunk (its newest `recent`), so earlier queries of a long chunk
-/// see fewer exact tokens than a decode step would.
+/// A chunk of new tokens: query i attends positions up to its own, the sink and the `recent`
+/// positions up to its own exact, as a decode step at its position would, also in a chunk
+/// longer than a slice (appended and attended slice by slice) across storage segments.
 #[test]
 fn exact_tokens_in_chunks() {
-    for (name, n) in [("q4_sym", 5usize), ("turbo4_sym", 20), ("k_iso3", 3)] {
-        let spec = CacheSpec::new(1, 8, 2, 64, 200)
+    for (name, n, seg) in [
+        ("q4_sym", 5usize, None),
+        ("turbo4_sym", 20, None),
+        ("k_iso3", 3, None),
+        ("k=q8,v=turbo3", 150, Some(64)),
+    ] {
+        let mut spec = CacheSpec::new(1, 8, 2, 64, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
             .with_splits(2)
             .with_exact(2, 6);
+        spec.segment_tokens = seg;
         let mut c = Checked::new(spec, 11);
         c.append(0, 40);
         let (k, v) = c.tokens(n);
@@ -361,7 +367,6 @@ fn exact_tokens_in_chunks() {
         c.record(0, &k, &v);
         let rows = c.cache.read_rows(0).unwrap();
         let total = c.len(0, 0);
-        let rl = c.ring_lo(0, total);
         let mut worst = 0.0f64;
         for i in 0..n {
             let end = total - n + i + 1;
@@ -370,7 +375,7 @@ fn exact_tokens_in_chunks() {
                 0,
                 &q[i * per_q..(i + 1) * per_q],
                 end,
-                rl.min(end),
+                c.ring_lo(0, end),
                 &rows,
             );
             worst = worst.max(rel_err(&out[i * per_q..(i + 1) * per_q], &want));
@@ -493,6 +498,7 @@ fn k_mean_in_chunks() {
         ("k_iso3", 1usize, 20usize),
         ("turbo4_sym", 0, 7),
         ("q4_sym", 30, 5),
+        ("k_rotor3", 2, 100),
     ] {
         let spec = CacheSpec::new(1, 8, 2, 64, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
@@ -531,12 +537,11 @@ fn k_mean_in_chunks() {
         let (mut worst, mut worst_lse) = (0.0f64, 0.0f64);
         for b in 0..2 {
             let total = c.len(0, b);
-            let rl = c.ring_lo(b, total);
             for i in 0..n {
                 let end = total - n + i + 1;
                 let r = (b * n + i) * per_q;
                 let (want, want_lse) =
-                    c.want_with_lse(0, b, &q[r..r + per_q], end, rl.min(end), &stored);
+                    c.want_with_lse(0, b, &q[r..r + per_q], end, c.ring_lo(b, end), &stored);
                 worst = worst.max(rel_err(&out[r..r + per_q], &want));
                 let at = (b * n + i) * s.q_heads as usize;
                 for (qh, w) in want_lse.iter().enumerate() {
@@ -566,8 +571,10 @@ fn exact_tokens_refused_where_unsupported() {
         .unwrap();
     assert!(matches!(e, KvqError::InvalidSpec(_)), "{e}");
     let c = KvCache::new(ctx(), CacheSpec::new(2, 4, 2, 64, 100).with_exact(4, 8)).unwrap();
-    // (4 + 8) rows of K and V, 64 f16 each, per KV head, and a length word, per layer.
-    assert_eq!(c.memory().exact, 2 * (2 * 12 * 2 * 64 * 2 + 4));
+    // (4 + 8 + EXACT_CHUNK_SLICE) rows of K and V, 64 f16 each, per KV head, and a length
+    // word, per layer.
+    let rows = 12 + kvq::EXACT_CHUNK_SLICE as u64;
+    assert_eq!(c.memory().exact, 2 * (2 * rows * 2 * 64 * 2 + 4));
     // K's mean needs a sink to be taken over; it costs 64 f32 per KV head and layer.
     let e = KvCache::new(
         ctx(),
@@ -585,5 +592,8 @@ fn exact_tokens_refused_where_unsupported() {
             .with_k_mean(),
     )
     .unwrap();
-    assert_eq!(c.memory().exact, 2 * (2 * 12 * 2 * 64 * 2 + 4 + 2 * 64 * 4));
+    assert_eq!(
+        c.memory().exact,
+        2 * (2 * rows * 2 * 64 * 2 + 4 + 2 * 64 * 4)
+    );
 }

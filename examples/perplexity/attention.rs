@@ -63,18 +63,13 @@ fn buffer(ctx: &GpuContext, label: &str, bytes: u64, usage: wgpu::BufferUsages) 
 /// kvq as the model's attention: a cache of `cfg`'s shape holding `tokens` positions per
 /// layer. A layer's tokens run as one chunk (`KvCache::chunk`: every token's K/V appended by
 /// kvq's encoder, then each token's query attending the stored codes of `0..=t`), so the host
-/// uploads the layer's Q/K/V once and reads its outputs back once. With exact tokens the
-/// tokens go through in chunks of `exact_chunk` (1: each token a chunk of its own), recorded
-/// one after another in the same submission: a chunk's queries see the exact tokens of the
-/// cache after the whole chunk, a decode step its own.
+/// uploads the layer's Q/K/V once and reads its outputs back once. With exact tokens every
+/// query of the chunk sees the exact tokens a decode step at its position would.
 pub struct Kvq {
     cfg: Config,
     ctx: GpuContext,
     cache: KvCache,
     chunk: ChunkIo,
-    /// With exact tokens: a chunk of `exact_chunk` tokens and one of the rest, over `one`'s K,
-    /// V, Q and output.
-    step: Option<(ChunkIo, Option<ChunkIo>, [wgpu::Buffer; 4])>,
     /// Every token's K, V, Q and output: `[tokens, heads, head_dim]` f32, bound to `chunk`.
     all: [wgpu::Buffer; 4],
     readback: wgpu::Buffer,
@@ -89,7 +84,6 @@ impl Kvq {
         codecs: KvCodecs,
         exact: ExactTokens,
         tokens: u32,
-        exact_chunk: u32,
     ) -> Result<Kvq, String> {
         let mut spec = CacheSpec::new(
             cfg.layers as u32,
@@ -118,34 +112,11 @@ impl Kvq {
         let chunk = cache
             .chunk_io(&all[0], &all[1], tokens, InputType::F32, &all[2], &all[3])
             .map_err(|e| e.to_string())?;
-        let mut step = None;
-        if exact.any() {
-            let c = exact_chunk.clamp(1, tokens.max(1));
-            let one = rows.map(|r| {
-                buffer(
-                    ctx,
-                    "ppl one",
-                    r * c as u64,
-                    U::STORAGE | U::COPY_SRC | U::COPY_DST,
-                )
-            });
-            let io = |n: u32| {
-                cache
-                    .chunk_io(&one[0], &one[1], n, InputType::F32, &one[2], &one[3])
-                    .map_err(|e| e.to_string())
-            };
-            let rest = match tokens % c {
-                0 => None,
-                r => Some(io(r)?),
-            };
-            step = Some((io(c)?, rest, one));
-        }
         Ok(Kvq {
             cfg: cfg.clone(),
             ctx: ctx.clone(),
             cache,
             chunk,
-            step,
             all,
             readback,
         })
@@ -169,33 +140,9 @@ impl Kvq {
             q.write_buffer(buf, 0, bytemuck::cast_slice(data));
         }
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        if let Some((io, rest, one)) = &self.step {
-            // Each chunk's rows into `one`, its chunk, its output back: one submission.
-            let c = io.tokens() as u64;
-            let mut t = 0u64;
-            while t < tokens as u64 {
-                let io = if t + c <= tokens as u64 {
-                    io
-                } else {
-                    rest.as_ref().ok_or("no chunk for the last tokens")?
-                };
-                let n = io.tokens() as u64;
-                for (src, dst) in self.all.iter().zip(one).take(3) {
-                    let r = dst.size() / c;
-                    enc.copy_buffer_to_buffer(src, t * r, dst, 0, n * r);
-                }
-                self.cache
-                    .chunk(&mut enc, layer, io)
-                    .map_err(|e| e.to_string())?;
-                let r = one[3].size() / c;
-                enc.copy_buffer_to_buffer(&one[3], 0, &self.all[3], t * r, n * r);
-                t += n;
-            }
-        } else {
-            self.cache
-                .chunk(&mut enc, layer, &self.chunk)
-                .map_err(|e| e.to_string())?;
-        }
+        self.cache
+            .chunk(&mut enc, layer, &self.chunk)
+            .map_err(|e| e.to_string())?;
         let bytes = self.readback.size();
         enc.copy_buffer_to_buffer(&self.all[3], 0, &self.readback, 0, bytes);
         q.submit([enc.finish()]);

@@ -27,9 +27,8 @@ pub enum Cache {
     /// The codecs' CPU reference with candidate levers around it ([`crate::levers`]).
     Sim(KvCodecs, Levers),
     /// kvq on the GPU with these codecs and exact tokens (`CacheSpec::with_exact`, with K's
-    /// mean removed where `k_mean`), the tokens in chunks of the last field's length: 1, each
-    /// token a chunk of its own, so that each query sees the exact tokens a decode step would.
-    KvqExact(KvCodecs, ExactTokens, u32),
+    /// mean removed where `k_mean`): each query sees the exact tokens a decode step would.
+    KvqExact(KvCodecs, ExactTokens),
 }
 
 impl Cache {
@@ -39,19 +38,9 @@ impl Cache {
             Cache::Exact => "exact".into(),
             Cache::Kvq(c) => c.name(),
             Cache::Sim(c, l) => format!("{}@{}", c.name(), l.name()),
-            Cache::KvqExact(c, x, chunk) => {
+            Cache::KvqExact(c, x) => {
                 let kmean = if x.k_mean { "kmean+" } else { "" };
-                let chunks = if *chunk > 1 {
-                    format!(", chunks of {chunk}")
-                } else {
-                    String::new()
-                };
-                format!(
-                    "{} [{kmean}sink{}+recent{}{chunks}]",
-                    c.name(),
-                    x.sink,
-                    x.recent
-                )
+                format!("{} [{kmean}sink{}+recent{}]", c.name(), x.sink, x.recent)
             }
         }
     }
@@ -137,7 +126,7 @@ impl Setup {
         let start = Instant::now();
         let (inner, bits): (Box<dyn Attention>, _) = match cache {
             Cache::Exact => (Box::new(Exact(cfg.clone())), (32.0, 32.0)),
-            Cache::KvqExact(c, x, chunk) => {
+            Cache::KvqExact(c, x) => {
                 // Every token's codes, and the exact tokens' f16 copies beside them.
                 let t = self.tokens.len();
                 let extra = 16.0 * x.rows().min(t as u32) as f64 / t as f64;
@@ -147,7 +136,7 @@ impl Setup {
                     c.k.bits_per_value(d) + extra + mean,
                     c.v.bits_per_value(d) + extra,
                 );
-                let a = Kvq::new(&self.ctx, cfg, c, x, self.tokens.len() as u32, chunk)?;
+                let a = Kvq::new(&self.ctx, cfg, c, x, self.tokens.len() as u32)?;
                 (Box::new(a) as Box<dyn Attention>, bits)
             }
             Cache::Kvq(c) | Cache::Sim(c, _) => {
@@ -168,7 +157,6 @@ impl Setup {
                         c,
                         ExactTokens::NONE,
                         self.tokens.len() as u32,
-                        1,
                     )?),
                 };
                 (a, bits)

@@ -13,7 +13,8 @@
 //! The rest of the model (embeddings, projections, MLPs, norms, RoPE, logits) runs on the CPU
 //! in f32 with the GGUF's weights dequantized; kvq does every layer's attention: each token's
 //! K/V is encoded into the cache by kvq's encoder and its query attends over the stored codes,
-//! one fused decode step per token (a layer's steps recorded into one submit). The `exact` row
+//! a layer's tokens as one chunk (`KvCache::chunk`), each query seeing what a decode step at
+//! its position would. The `exact` row
 //! replaces kvq by the f64 CPU reference over the unquantized K/V.
 //!
 //! Printed and written per configuration: perplexity, ΔPPL % against `none`, mean KL
@@ -57,9 +58,6 @@ const USAGE: &str =
                  exact (CacheSpec::with_exact; rows '<codec> [sinkS+recentR]'); S,R,kmean also
                  removes K's mean over the sink (ExactTokens::k_mean; rows
                  '<codec> [kmean+sinkS+recentR]'); several sets separated by ';'
-  --exact-chunk N  the --exact rows' tokens go through kvq N at a time (default 1: each
-                 token a chunk of its own, as decode steps; a chunk's queries see the newest
-                 R tokens of the cache after the whole chunk; rows '[..., chunks of N]')
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
                  recentN keeps exact, no longer count
@@ -122,7 +120,6 @@ fn parse_args() -> Result<Args, String> {
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
     let mut exact: Vec<kvq::ExactTokens> = Vec::new();
-    let mut exact_chunk = 1u32;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -160,11 +157,6 @@ fn parse_args() -> Result<Args, String> {
                     });
                 }
             }
-            "--exact-chunk" => {
-                exact_chunk = val.parse().ok().filter(|&n| n >= 1).ok_or(format!(
-                    "bad --exact-chunk {val} (tokens per chunk, at least 1)"
-                ))?
-            }
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
             "--replot" => a.replot = Some(val.into()),
@@ -190,7 +182,7 @@ fn parse_args() -> Result<Args, String> {
         .collect();
     for x in &exact {
         for k in &kvq_rows {
-            a.codecs.push(Cache::KvqExact(*k, *x, exact_chunk));
+            a.codecs.push(Cache::KvqExact(*k, *x));
         }
     }
     if let Some(list) = lever_list {

@@ -217,17 +217,17 @@ impl KvCache {
             }
         }
         let n = s.layers * s.batch;
-        let recent = s.exact.recent;
+        let ring = s.exact.ring();
         let exact = s.exact.any();
         for layer in 0..s.layers {
             let i = layer * s.batch + seq;
             if exact {
-                // Ring slots of positions below cur - recent were overwritten: from there on
+                // Ring slots of positions below cur - ring were overwritten: from there on
                 // (or from len, past which every position will be written again) the ring holds
                 // what it says.
                 let cur = self.host_lens[i as usize];
                 let e = &mut self.host_exact_lo[i as usize];
-                *e = len.min((*e).max(cur.saturating_sub(recent)));
+                *e = len.min((*e).max(cur.saturating_sub(ring)));
                 for (si, seg) in self.layers[layer as usize].iter().enumerate() {
                     let tail = super::buffers::exact_tail(s, si as u32);
                     let at = seg.v.size() - tail + 4 * seq as u64;

@@ -7,6 +7,7 @@ use super::io::{AppendInput, AttendIo, ChunkIo, ChunkSlice, StepIo};
 use super::kv_cache::KvCache;
 use crate::error::{KvqError, Result};
 use crate::kernels::InputType;
+use crate::spec::EXACT_CHUNK_SLICE;
 
 /// Most new tokens per sequence a chunk attends together: a longer chunk is attended in slices
 /// of this many, one after another, so its decode scratch (every split's partials per query)
@@ -39,6 +40,20 @@ impl KvCache {
         input: InputType,
     ) -> Result<AppendInput> {
         self.check_kv_inputs(k, v, n, input)?;
+        self.append_slice(k, v, n, 0, n, input)
+    }
+
+    /// An append of tokens `first .. first + n` of buffers holding `stride` new tokens per
+    /// sequence (checked by the caller).
+    fn append_slice(
+        &self,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        stride: u32,
+        first: u32,
+        n: u32,
+        input: InputType,
+    ) -> Result<AppendInput> {
         // Built here, once, so that recording an append never compiles a pipeline.
         self.pipes.append(input)?;
         let s = &self.spec;
@@ -61,7 +76,10 @@ impl KvCache {
             0
         };
         let wide_groups = tasks.div_ceil(256 * items as u64).max(coop_groups) as u32;
-        let params = self.uniform("kvq append params", [n, items, coop_rows, 0])?;
+        let params = self.uniform(
+            "kvq append params",
+            [n, items, coop_rows, first, stride, 0, 0, 0],
+        )?;
         let bind_group = self.bind(
             "kvq append input",
             &self.pipes.append_input,
@@ -115,7 +133,9 @@ impl KvCache {
     /// `[batch, n, q_heads, head_dim]` f32, new token `i`'s queries at row `i`. All need STORAGE
     /// usage. The chunk gets its own decode scratch for the queries of one slice (at most
     /// [`CHUNK_SLICE_TOKENS`], and as many as the adapter's binding limit holds; a longer
-    /// chunk is attended slice after slice in one recording); an adapter whose binding limit
+    /// chunk is attended slice after slice in one recording; with recent exact tokens, slices
+    /// of [`EXACT_CHUNK_SLICE`], each appended just before it is attended, so that every query
+    /// sees the exact tokens a decode step at its position would); an adapter whose binding limit
     /// holds not even one query's is refused, typed, and so is a chunk longer than a sliding
     /// window's slack (`capacity - window + 1` tokens: the ring would overwrite positions the
     /// chunk's first queries attend).
@@ -191,7 +211,15 @@ impl KvCache {
                 have: limit,
             });
         }
-        let slice = n.clamp(1, CHUNK_SLICE_TOKENS.min(fit));
+        // With recent exact tokens, slices of at most EXACT_CHUNK_SLICE, each appended before
+        // it is attended: the ring then still holds the recent tokens before each query.
+        let interleaved = s.exact.recent > 0;
+        let most = if interleaved {
+            EXACT_CHUNK_SLICE
+        } else {
+            CHUNK_SLICE_TOKENS
+        };
+        let slice = n.clamp(1, most.min(fit));
         let scratch = per_query * slice as u64;
         let append = self.append_input(k, v, n, input)?;
         // Built here, once, so that recording a chunk never compiles a pipeline.
@@ -221,13 +249,21 @@ impl KvCache {
         let mut slices = Vec::new();
         for first in (0..n).step_by(slice as usize) {
             let count = slice.min(n - first);
-            let words = [n, first, count, lse.is_some() as u32];
+            // Tokens of the chunk appended when the slice is attended.
+            let appended = if interleaved { first + count } else { n };
+            let words = [n, first, count, lse.is_some() as u32, appended, 0, 0, 0];
             let params = self.uniform("kvq chunk slice", words)?;
             let bufs = [q, out, &params, lse_buf];
+            let append = if interleaved {
+                Some(self.append_slice(k, v, n, first, count, input)?)
+            } else {
+                None
+            };
             slices.push(ChunkSlice {
                 io: self.bind("kvq chunk io", &self.pipes.chunk_io, &bufs)?,
                 count,
                 query_groups: count.div_ceil(cq),
+                append,
             });
         }
         let mut store = Vec::with_capacity(self.layers.len());
@@ -305,7 +341,7 @@ impl KvCache {
     }
 
     /// A 16-byte uniform written once when a binding is prepared, never per step.
-    fn uniform(&self, label: &str, words: [u32; 4]) -> Result<wgpu::Buffer> {
+    fn uniform<const N: usize>(&self, label: &str, words: [u32; N]) -> Result<wgpu::Buffer> {
         let device = &self.ctx.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buf = init_buffer(

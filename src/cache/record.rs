@@ -151,8 +151,18 @@ impl KvCache {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.chunk()?.clone();
-        self.record_append(pass, layer, &io.append)?;
+        // The whole chunk is reserved first: a chunk that would pass the capacity records
+        // nothing.
+        self.pipes.append(io.append.input)?;
+        self.reserve(layer, io.append.n)?;
+        let interleaved = io.slices.iter().any(|s| s.append.is_some());
+        if !interleaved {
+            self.dispatch_append(pass, layer, &io.append)?;
+        }
         for slice in &io.slices {
+            if let Some(a) = &slice.append {
+                self.dispatch_append(pass, layer, a)?;
+            }
             let shape = GridShape {
                 queries: slice.count,
                 query_groups: slice.query_groups,
@@ -172,9 +182,18 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
-        self.check_layer(layer)?;
-        let pipes = self.pipes.append(input.input)?.clone();
         self.reserve(layer, input.n)?;
+        self.dispatch_append(pass, layer, input)
+    }
+
+    /// An append's dispatches, its tokens reserved already.
+    fn dispatch_append(
+        &mut self,
+        pass: &mut impl Recorder,
+        layer: u32,
+        input: &AppendInput,
+    ) -> Result<()> {
+        let pipes = self.pipes.append(input.input)?.clone();
         let segs = &self.layers[layer as usize];
         pass.set_bind_group(1, &input.bind_group);
         let mut dispatches = 0;

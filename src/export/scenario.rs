@@ -317,8 +317,8 @@ impl Inputs {
     }
 
     /// [`Self::expected_output`] with exact tokens ([`crate::ExactTokens`], never with a
-    /// window): positions below the sink and from the ring's start on (the newest `recent`
-    /// of the `total` the sequence holds) attended as given, the others through the codecs,
+    /// window): positions below the sink and the `recent` up to the query's own (of the
+    /// `total` the sequence holds) attended as given, the others through the codecs,
     /// K less its mean over the sink where the cache removes it (the mean as the GPU takes it:
     /// an f32 sum in position order, divided) and the scores shifted back by q · mean, which
     /// leaves the softmax as it is.
@@ -336,8 +336,8 @@ impl Inputs {
         let (qh, kvh, d) = (s.q_heads as usize, s.kv_heads as usize, s.head_dim as usize);
         let sink = s.exact.sink as usize;
         let ring_lo = sink
-            .max(total.saturating_sub(s.exact.recent as usize))
-            .min(total);
+            .max(len.saturating_sub(s.exact.recent as usize))
+            .min(len);
         let exact = |t: usize| t < sink || t >= ring_lo;
         let (ks, vs) = (&self.ks[seq], &self.vs[seq]);
         let mut mean = vec![0.0f32; kvh * d];

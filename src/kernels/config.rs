@@ -179,6 +179,7 @@ impl KernelConfig {
         c("PSLOTS", self.partial_slots());
         c("SINK", self.exact.sink);
         c("RECENT", self.exact.recent);
+        c("XRING", self.exact.ring());
         c("MIN_CHUNK", self.min_chunk);
         c("WG", self.workgroup);
         c("KU", k_unroll(self.head_dim));

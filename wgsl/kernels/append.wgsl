@@ -23,11 +23,17 @@
 @group(0) @binding(3) var<storage, read_write> lens: array<u32>;
 
 struct Input {
+    // New tokens per sequence this append writes: tokens first .. first + n of the input's
+    // `stride` per sequence (a chunk appended slice by slice; else first 0, stride n).
     n: u32,
     // Tasks per invocation of append_wide.
     items: u32,
     // Rows each append_wide workgroup encodes cooperatively (rotated codecs).
     coop_rows: u32,
+    first: u32,
+    stride: u32,
+    _pad0: u32,
+    _pad1: u32,
     _pad2: u32,
 }
 @group(1) @binding(0) var<storage, read> k_in: array<IN_T>;
@@ -35,6 +41,16 @@ struct Input {
 @group(1) @binding(2) var<uniform> input: Input;
 
 const APPEND_WG: u32 = 256u;
+
+// Pair index (as for in_pair_k) of new token t's row of KV head h, sequence b.
+fn in_row(b: u32, t: u32, h: u32) -> u32 {
+    return ((b * input.stride + input.first + t) * KVH + h) * (D / 2u);
+}
+
+// The sequence of input pair i.
+fn in_seq(i: u32) -> u32 {
+    return i / (D / 2u * KVH * input.stride);
+}
 var<workgroup> base_sh: u32;
 
 // Encode tasks per new row: K_TASKS for K then V_TASKS for V (a word for f16, a code word or
@@ -60,7 +76,7 @@ fn write_task(b: u32, base: u32, i: u32) {
     let h = (i / TASK_DIV) % KVH;
     let task = i % TASK_DIV;
     let row = seg_row(b, h, slot, seg);
-    let src = ((b * input.n + t) * KVH + h) * (D / 2u);
+    let src = in_row(b, t, h);
     if task < K_TASKS {
         encode_k(row, src, task);
     } else {
@@ -81,7 +97,7 @@ fn list_rows(lid: u32, b: u32, base: u32, r0: u32, nr: u32) {
             dst = seg_row(b, h, slot, seg);
         }
         enc_dst[lid] = dst;
-        enc_src[lid] = ((b * input.n + t) * KVH + h) * (D / 2u);
+        enc_src[lid] = in_row(b, t, h);
     }
 }
 
@@ -96,7 +112,7 @@ fn exact_task(b: u32, base: u32, i: u32) {
         return;
     }
     let h = (i / (D / 2u)) % KVH;
-    x_put(b, h, p, ((b * input.n + t) * KVH + h) * (D / 2u), i % (D / 2u));
+    x_put(b, h, p, in_row(b, t, h), i % (D / 2u));
 #endif
 }
 

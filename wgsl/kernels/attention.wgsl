@@ -28,13 +28,19 @@
 @group(1) @binding(1) var<storage, read_write> out: array<f32>;
 #if CHUNK
 // A slice of a chunk: its queries first .. first + count - 1 of the chunk's n new tokens per
-// sequence (a long chunk is attended slice by slice, each in the scratch of `count` queries).
-// `lse`: 1 where the io asks for each output row's log-sum-exp of its scaled scores.
+// sequence (a long chunk is attended slice by slice, each in the scratch of `count` queries),
+// of which `appended` are in the store (n, or first + count where each slice is appended just
+// before it is attended: with recent exact tokens). `lse`: 1 where the io asks for each
+// output row's log-sum-exp of its scaled scores.
 struct ChunkSlice {
     n: u32,
     first: u32,
     count: u32,
     lse: u32,
+    appended: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 @group(1) @binding(2) var<uniform> chunk: ChunkSlice;
 // [B, nq, QH] log-sum-exps (a 16-byte stand-in where the io asks for none).
@@ -229,7 +235,7 @@ fn x_load_mean(lid: u32, b: u32, h: u32, len: u32, lc: u32) {
 #if ENCODE
             if len < SINK {
                 kmu_base = len;
-                m = vec4<f32>(kmu_source(b, h, 2u * c, input.n), kmu_source(b, h, 2u * c + 1u, input.n));
+                m = vec4<f32>(kmu_source(b, h, 2u * c), kmu_source(b, h, 2u * c + 1u));
                 let at = kmu_at(b, h) + 4u * c;
                 lens[at] = bitcast<u32>(m.x);
                 lens[at + 1u] = bitcast<u32>(m.y);
@@ -263,9 +269,11 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
         }
         workgroupBarrier();
     }
-    // The sink's ns positions, then the ring's from rl.
+    // The sink's ns positions, then the ring's from rl: from the first row's ring start (each
+    // row sees the RECENT positions up to its own; a chunk's slice was appended just before
+    // it is attended, so the ring holds them all).
     let ns = min(SINK, total);
-    let rl = min(total, x_ring_lo(xlo, lc));
+    let rl = max(ns, x_ring_lo(xlo, first));
     let ne = ns + (total - rl);
     let c = lid % XC;
     let j = lid / XC;
@@ -298,7 +306,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
             }
         }
 #if CHUNK
-        let ok$g = lid < tn && pos < first + $gu / G;
+        let ok$g = lid < tn && pos < first + $gu / G && (pos < SINK || pos >= x_ring_lo(xlo, first + $gu / G));
 #else
         let ok$g = lid < tn;
 #endif
@@ -417,7 +425,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let nz = min(CQ, chunk.first + chunk.count - z0);
     let qb = b * nq + z0;
     let pb = b * chunk.count + wid.z * CQ;
-    let later = nq - z0 - nz;
+    let later = chunk.appended - z0 - nz;
     let part_ml = chunk.count * PART_ML;
 #else
     let nz = 1u;
@@ -488,11 +496,11 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         }
         return;
     }
-    // The codes attended: positions from the sink's end up to the ring's start (split 0 of
-    // the first segment attends the exact ones, exact_partial): stored ones up to slen, new
-    // ones (a fused step's) up to stot.
+    // The codes attended: positions from the sink's end up to the last row's ring start (the
+    // exact workgroup attends the exact ones, exact_partial; in a chunk each row masks its
+    // own ring): stored ones up to slen, new ones (a fused step's) up to stot.
     let lo = SINK;
-    let stot = max(lo, min(total, x_ring_lo(xlo, total + later)));
+    let stot = max(lo, x_ring_lo(xlo, total));
     let slen = min(len, stot);
 #else
     let lo = first - min(first, WIN);
@@ -550,6 +558,10 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     var acc$g = vec4<f32>(0.0);
     var acc2$g = vec4<f32>(0.0);
     let row0 = seg_row(b, h, seg.seg_start, seg);
+#if CHUNK && EXACT
+    // Row g's codes end where its ring starts (the RECENT positions up to its own are exact).
+    let xend$g = x_ring_lo(xlo, first + $gu / G);
+#endif
 
     for (var t0 = start; t0 < end; t0 += WG) {
         let tn = min(WG, end - t0);
@@ -566,8 +578,12 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         // window start (the runs hold positions from lo on).
 #if CHUNK
         let pos = run_pos(t0 + lid, runs, lo, seg);
+#if EXACT
+        let ok$g = lid < tn && pos < xend$g;
+#else
         let f$g = first + $gu / G;
         let ok$g = lid < tn && pos < f$g && (!RING || pos >= f$g - min(f$g, WIN));
+#endif
 #else
         let ok$g = lid < tn;
 #endif

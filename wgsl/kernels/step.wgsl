@@ -28,6 +28,16 @@ struct StepInput {
 }
 @group(1) @binding(4) var<uniform> input: StepInput;
 
+// Pair index (as for in_pair_k) of new token t's row of KV head h, sequence b.
+fn in_row(b: u32, t: u32, h: u32) -> u32 {
+    return ((b * input.n + t) * KVH + h) * (D / 2u);
+}
+
+// The sequence of input pair i.
+fn in_seq(i: u32) -> u32 {
+    return i / (D / 2u * KVH * input.n);
+}
+
 // Tokens this step appends: all of them, or none when they would pass the capacity.
 fn step_tokens(len: u32) -> u32 {
     return select(0u, input.n, fits(len, input.n));
@@ -53,7 +63,7 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
             if lid < nr {
                 let slot = ring_slot(len + r0 + lid);
                 enc_dst[lid] = select(NO_ROW, seg_row(b, h, slot, seg), in_seg(slot, seg));
-                enc_src[lid] = ((b * n + r0 + lid) * KVH + h) * (D / 2u);
+                enc_src[lid] = in_row(b, r0 + lid, h);
             }
             encode_rows(lid, WG, nr);
         }
@@ -66,7 +76,7 @@ fn write_new_rows(lid: u32, b: u32, h: u32, len: u32) {
             continue;
         }
         let row = seg_row(b, h, slot, seg);
-        let src = ((b * n + t) * KVH + h) * (D / 2u);
+        let src = in_row(b, t, h);
         if task < K_TASKS {
             encode_k(row, src, task);
         } else {
@@ -83,7 +93,7 @@ fn write_exact_rows(lid: u32, b: u32, h: u32, len: u32) {
     for (var i = lid; i < n * (D / 2u); i += WG) {
         let t = i / (D / 2u);
         if x_keeps(len + t, len + n) {
-            x_put(b, h, len + t, ((b * n + t) * KVH + h) * (D / 2u), i % (D / 2u));
+            x_put(b, h, len + t, in_row(b, t, h), i % (D / 2u));
         }
     }
 }

@@ -1,4 +1,5 @@
-// Exact tokens (CacheSpec::exact): each sequence's first SINK positions and its newest RECENT,
+// Exact tokens (CacheSpec::exact): each sequence's first SINK positions and its newest XRING
+// (RECENT, and a chunk slice's more: a chunk's queries each see the RECENT up to their own),
 // kept as f16 in the caller's domain beside the store (which still encodes every token), and
 // attended by the first segment's exact workgroup (split NSPLIT + 1) in place of their
 // codes. Only the first segment's dispatches touch them.
@@ -8,7 +9,7 @@
 // position the ring still holds since a truncate cut the sequence back, KvCache::truncate;
 // every segment's V buffer ends with a copy, which its splits read), then K's rows, then
 // V's, each [B, KVH, XE, D / 2] f16 pairs. Position p lives in slot p
-// below SINK, else in the ring slot SINK + (p - SINK) % RECENT.
+// below SINK, else in the ring slot SINK + (p - SINK) % XRING.
 
 // Word i of the region in V's store: after this segment's V rows.
 fn x_word(i: u32) -> u32 {
@@ -25,7 +26,7 @@ fn x_at(i: u32) -> u32 {
 #endif
 }
 
-const XE: u32 = SINK + RECENT;
+const XE: u32 = SINK + XRING;
 // Words from a K row to the same slot's V row.
 const XV: u32 = B * KVH * XE * (D / 2u);
 
@@ -33,7 +34,7 @@ fn x_slot(p: u32) -> u32 {
     if p < SINK {
         return p;
     }
-    return SINK + (p - SINK) % max(RECENT, 1u);
+    return SINK + (p - SINK) % max(XRING, 1u);
 }
 
 // First word of position p's K row (sequence b, KV head h); its V row is XV words on.
@@ -41,17 +42,18 @@ fn x_row(b: u32, h: u32, p: u32) -> u32 {
     return B + ((b * KVH + h) * XE + x_slot(p)) * (D / 2u);
 }
 
-// First position of a sequence's ring when it holds `len` tokens and its exact_lo is `lo`:
-// positions from there up to len are exact (none below SINK: those are the sink's).
+// First exact position of the ring for a query that sees positions below `len` (the newest
+// RECENT of them), the sequence's exact_lo being `lo`: positions from there up to len are
+// exact (none below SINK: those are the sink's).
 fn x_ring_lo(lo: u32, len: u32) -> u32 {
     return min(len, max(max(SINK, len - min(len, RECENT)), lo));
 }
 
 #if ENCODE
 // Whether position p keeps an exact copy once the sequence holds `total` tokens: the sink's,
-// and the newest RECENT (older ones would be overwritten in the same dispatch).
+// and the newest XRING (older ones would be overwritten in the same dispatch).
 fn x_keeps(p: u32, total: u32) -> bool {
-    return p < SINK || p + RECENT >= total;
+    return p < SINK || p + XRING >= total;
 }
 
 fn x_half2(x: vec2<f32>) -> u32 {
@@ -125,13 +127,13 @@ fn kmu_begin(base: u32, n: u32) -> bool {
 // it: positions below kmu_base from their exact copies, the rest from the input rounded to
 // f16 as their copies are, summed in position order, so that every workgroup computes what
 // the writer stores. (x_at reads the first segment's region: KMU_SOURCE is only there.)
-fn kmu_source(b: u32, h: u32, w: u32, n: u32) -> vec2<f32> {
+fn kmu_source(b: u32, h: u32, w: u32) -> vec2<f32> {
     var s = vec2<f32>(0.0);
     for (var p = 0u; p < SINK; p++) {
         if p < kmu_base {
             s += unpack2x16float(x_at(x_row(b, h, p) + w));
         } else {
-            let x = clamp(in_pair_k(((b * n + p - kmu_base) * KVH + h) * (D / 2u) + w), vec2<f32>(-65504.0), vec2<f32>(65504.0));
+            let x = clamp(in_pair_k(in_row(b, p - kmu_base, h) + w), vec2<f32>(-65504.0), vec2<f32>(65504.0));
             s += sign(x) * vec2<f32>(f16_round(abs(x.x)), f16_round(abs(x.y)));
         }
     }
@@ -146,9 +148,9 @@ fn in_code_k(i: u32) -> vec2<f32> {
     }
     let w = i % (D / 2u);
     let h = (i / (D / 2u)) % KVH;
-    let b = i / (D / 2u * KVH * input.n);
+    let b = in_seq(i);
     if kmu_mode == KMU_SOURCE {
-        return x - kmu_source(b, h, w, input.n);
+        return x - kmu_source(b, h, w);
     }
     let m = kmu_at(b, h) + 2u * w;
     return x - vec2<f32>(bitcast<f32>(lens[m]), bitcast<f32>(lens[m + 1u]));
@@ -160,7 +162,7 @@ fn kmu_write(lid: u32, nt: u32, b: u32, h0: u32, nh: u32) {
     for (var i = lid; i < nh * (D / 2u); i += nt) {
         let h = h0 + i / (D / 2u);
         let w = i % (D / 2u);
-        let m = kmu_source(b, h, w, input.n);
+        let m = kmu_source(b, h, w);
         let at = kmu_at(b, h) + 2u * w;
         lens[at] = bitcast<u32>(m.x);
         lens[at + 1u] = bitcast<u32>(m.y);
