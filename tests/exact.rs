@@ -216,6 +216,31 @@ impl Checked {
         worst
     }
 
+    /// Caller buffers of fused steps of up to `n` tokens (K, V, query, output), zeroed.
+    fn step_buffers(&self, n: usize) -> [wgpu::Buffer; 4] {
+        let s = self.spec();
+        let kv = s.batch as usize * n * (s.kv_heads * s.head_dim) as usize;
+        let q = (s.batch * s.q_heads * s.head_dim) as usize;
+        [kv, kv, q, q].map(|len| storage_buffer(ctx(), &vec![0.0; len]))
+    }
+
+    /// A fused step of `io`'s tokens on `layer` with random K/V written into `bufs` (from
+    /// step_buffers); the worst relative error of a random query attended after it.
+    fn step(&mut self, layer: u32, io: &kvq::StepIo, bufs: &[wgpu::Buffer; 4]) -> f64 {
+        let (k, v) = self.tokens(io.tokens() as usize);
+        ctx()
+            .queue
+            .write_buffer(&bufs[0], 0, bytemuck::cast_slice(&k));
+        ctx()
+            .queue
+            .write_buffer(&bufs[1], 0, bytemuck::cast_slice(&v));
+        let mut enc = ctx().device.create_command_encoder(&Default::default());
+        self.cache.step(&mut enc, layer, io).unwrap();
+        ctx().queue.submit([enc.finish()]);
+        self.record(layer, &k, &v);
+        self.check(layer)
+    }
+
     /// The first ring position of sequence b holding `len` tokens (`KvCache`'s rule).
     fn ring_lo(&self, b: usize, len: usize) -> usize {
         let x = self.spec().exact;
@@ -262,6 +287,17 @@ impl Checked {
     }
 }
 
+/// A cache of codecs `name`, head_dim `d`, GQA `g` (one KV head from 7 on, else two), 2
+/// sequences, 3 splits and `sink` + `recent` exact tokens.
+fn case_spec(name: &str, d: u32, g: u32, sink: u32, recent: u32) -> CacheSpec {
+    let kvh = if g >= 7 { 1 } else { 2 };
+    CacheSpec::new(1, kvh * g, kvh, d, 300)
+        .with_codecs(KvCodecs::parse(name).unwrap())
+        .with_splits(3)
+        .with_batch(2)
+        .with_exact(sink, recent)
+}
+
 /// Every codec family (QJL included), each head_dim and GQA ratio in turn, growing across the
 /// sink's end, the ring's wraps, split boundaries and the wide append path, then cut back.
 #[test]
@@ -275,13 +311,7 @@ fn exact_tokens_match_reference() {
         ("none", 64, 4, 2, 3),
     ];
     for (i, &(name, d, g, sink, recent)) in cases.iter().enumerate() {
-        let kvh = if g >= 7 { 1 } else { 2 };
-        let spec = CacheSpec::new(1, kvh * g, kvh, d, 300)
-            .with_codecs(KvCodecs::parse(name).unwrap())
-            .with_splits(3)
-            .with_batch(2)
-            .with_exact(sink, recent);
-        let mut c = Checked::new(spec, 100 + i as u64);
+        let mut c = Checked::new(case_spec(name, d, g, sink, recent), 100 + i as u64);
         let mut len = 0;
         for target in [1usize, 2, 5, 9, 17, 33, 70, 130, 259] {
             c.append(0, target - len);
@@ -304,7 +334,6 @@ fn exact_tokens_match_reference() {
 /// and fused decode steps, whose split 0 writes the new token's copy and attends it.
 #[test]
 fn exact_tokens_with_segments_and_fused_steps() {
-    let dev = &ctx().device;
     for name in ["turbo3_sym", "k=q4,v=none"] {
         let mut spec = CacheSpec::new(2, 8, 2, 128, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
@@ -314,28 +343,11 @@ fn exact_tokens_with_segments_and_fused_steps() {
         spec.segment_tokens = Some(64);
         let mut c = Checked::new(spec, 7);
         c.append(1, 60);
-        let per = 2 * 2 * 128;
-        let (kb, vb) = (
-            storage_buffer(ctx(), &vec![0.0; per]),
-            storage_buffer(ctx(), &vec![0.0; per]),
-        );
-        let (qb, ob) = (
-            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
-            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
-        );
-        let io = c
-            .cache
-            .step_io(&kb, &vb, 1, InputType::F32, &qb, &ob)
-            .unwrap();
+        let bufs = c.step_buffers(1);
+        let [kb, vb, qb, ob] = &bufs;
+        let io = c.cache.step_io(kb, vb, 1, InputType::F32, qb, ob).unwrap();
         for step in 0..12 {
-            let (k, v) = c.tokens(1);
-            ctx().queue.write_buffer(&kb, 0, bytemuck::cast_slice(&k));
-            ctx().queue.write_buffer(&vb, 0, bytemuck::cast_slice(&v));
-            let mut enc = dev.create_command_encoder(&Default::default());
-            c.cache.step(&mut enc, 1, &io).unwrap();
-            ctx().queue.submit([enc.finish()]);
-            c.record(1, &k, &v);
-            let e = c.check(1);
+            let e = c.step(1, &io, &bufs);
             assert!(e <= TOL, "{name} step {step}: rel err {e:e}");
         }
     }
@@ -398,13 +410,7 @@ fn k_mean_matches_reference() {
         ("none", 64, 3, 1, 3),
     ];
     for (i, &(name, d, g, sink, recent)) in cases.iter().enumerate() {
-        let kvh = if g >= 7 { 1 } else { 2 };
-        let spec = CacheSpec::new(1, kvh * g, kvh, d, 300)
-            .with_codecs(KvCodecs::parse(name).unwrap())
-            .with_splits(3)
-            .with_batch(2)
-            .with_exact(sink, recent)
-            .with_k_mean();
+        let spec = case_spec(name, d, g, sink, recent).with_k_mean();
         let mut c = Checked::new(spec.clone(), 200 + i as u64);
         let mut len = 0;
         for target in [1usize, 2, 5, 9, 17, 70, 259] {
@@ -441,7 +447,6 @@ fn k_mean_matches_reference() {
 /// it for its own rows), then an append into later segments and steps again.
 #[test]
 fn k_mean_in_fused_steps() {
-    let dev = &ctx().device;
     for name in ["k_rotor3", "k=q4,v=none"] {
         let mut spec = CacheSpec::new(2, 8, 2, 128, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
@@ -452,31 +457,14 @@ fn k_mean_in_fused_steps() {
         spec.segment_tokens = Some(64);
         let mut c = Checked::new(spec, 17);
         c.append(1, 1);
-        let per = 2 * 2 * 128;
-        let (kb, vb) = (
-            storage_buffer(ctx(), &vec![0.0; 2 * per]),
-            storage_buffer(ctx(), &vec![0.0; 2 * per]),
-        );
-        let (qb, ob) = (
-            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
-            storage_buffer(ctx(), &vec![0.0; 2 * 8 * 128]),
-        );
+        let bufs = c.step_buffers(2);
+        let [kb, vb, qb, ob] = &bufs;
         for round in 0..2 {
             // Steps of two tokens, then of one (the first round crosses the sink).
             for (n, steps) in [(2u32, 3), (1, 4)] {
-                let io = c
-                    .cache
-                    .step_io(&kb, &vb, n, InputType::F32, &qb, &ob)
-                    .unwrap();
+                let io = c.cache.step_io(kb, vb, n, InputType::F32, qb, ob).unwrap();
                 for step in 0..steps {
-                    let (k, v) = c.tokens(n as usize);
-                    ctx().queue.write_buffer(&kb, 0, bytemuck::cast_slice(&k));
-                    ctx().queue.write_buffer(&vb, 0, bytemuck::cast_slice(&v));
-                    let mut enc = dev.create_command_encoder(&Default::default());
-                    c.cache.step(&mut enc, 1, &io).unwrap();
-                    ctx().queue.submit([enc.finish()]);
-                    c.record(1, &k, &v);
-                    let e = c.check(1);
+                    let e = c.step(1, &io, &bufs);
                     assert!(
                         e <= TOL,
                         "{name} round {round} n={n} step {step}: rel err {e:e}"

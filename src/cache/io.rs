@@ -48,7 +48,12 @@ impl StepIo {
 /// queries `[batch, n, q_heads, head_dim]` f32 and the outputs of the same shape, with the
 /// chunk's own decode scratch (for the queries of one slice: [`ChunkIo::slice_tokens`]).
 pub struct ChunkIo {
-    pub(super) append: AppendInput,
+    /// New tokens per sequence, and their element type.
+    pub(super) n: u32,
+    pub(super) input: InputType,
+    /// The whole chunk's append, recorded before the slices are attended; none where each
+    /// slice has its own ([`ChunkSlice::append`]).
+    pub(super) append: Option<AppendInput>,
     /// The chunk's slices, attended one after another in the one scratch.
     pub(super) slices: Vec<ChunkSlice>,
     /// Per layer, per storage segment: the decode store bind group over this chunk's scratch.
@@ -70,7 +75,7 @@ pub(super) struct ChunkSlice {
 impl ChunkIo {
     /// Tokens per sequence each chunk with these buffers appends and attends.
     pub fn tokens(&self) -> u32 {
-        self.append.n
+        self.n
     }
 
     /// New tokens per sequence attended together (a longer chunk is attended in slices of at

@@ -221,7 +221,11 @@ impl KvCache {
         };
         let slice = n.clamp(1, most.min(fit));
         let scratch = per_query * slice as u64;
-        let append = self.append_input(k, v, n, input)?;
+        let append = if interleaved {
+            None
+        } else {
+            Some(self.append_slice(k, v, n, 0, n, input)?)
+        };
         // Built here, once, so that recording a chunk never compiles a pipeline.
         self.pipes.chunk()?;
         let partials = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
@@ -278,6 +282,8 @@ impl KvCache {
             store.push(groups);
         }
         Ok(ChunkIo {
+            n,
+            input,
             append,
             slices,
             store,

@@ -6,6 +6,7 @@ use super::io::{AppendInput, AttendIo, ChunkIo, StepIo};
 use super::kv_cache::KvCache;
 use crate::dispatch::{self, Dispatch, GridShape, SMALL_APPEND_MAX_TOKENS};
 use crate::error::{KvqError, Result};
+use crate::kernels::InputType;
 
 /// Where kvq records its dispatches: a compute pass, or [`crate::export`]'s plan recorder.
 /// Every dispatch kvq records goes through one of the `record_*` functions below, so an
@@ -153,11 +154,9 @@ impl KvCache {
         let [split, reduce] = self.pipes.chunk()?.clone();
         // The whole chunk is reserved first: a chunk that would pass the capacity records
         // nothing.
-        self.pipes.append(io.append.input)?;
-        self.reserve(layer, io.append.n)?;
-        let interleaved = io.slices.iter().any(|s| s.append.is_some());
-        if !interleaved {
-            self.dispatch_append(pass, layer, &io.append)?;
+        self.reserve_append(layer, io.input, io.n)?;
+        if let Some(a) = &io.append {
+            self.dispatch_append(pass, layer, a)?;
         }
         for slice in &io.slices {
             if let Some(a) = &slice.append {
@@ -182,8 +181,15 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
-        self.reserve(layer, input.n)?;
+        self.reserve_append(layer, input.input, input.n)?;
         self.dispatch_append(pass, layer, input)
+    }
+
+    /// Reserves `n` tokens of every sequence of `layer` for an append of `input` elements,
+    /// its pipelines built first (an error leaves the lengths as they were).
+    fn reserve_append(&mut self, layer: u32, input: InputType, n: u32) -> Result<()> {
+        self.pipes.append(input)?;
+        self.reserve(layer, n)
     }
 
     /// An append's dispatches, its tokens reserved already.

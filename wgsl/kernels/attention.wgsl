@@ -224,31 +224,20 @@ fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
 // K's mean (shared/exact.wgsl), which the exact rows' scores subtract as the codes hold it.
 var<workgroup> xmu_sh: array<vec4<f32>, XC>;
 
-// Fills xmu_sh (published by a later barrier): zeros while the sequence is shorter than its
-// sink (no code is attended), the stored mean, or in a fused step that completes the sink the
-// mean computed from the sink's rows, which this workgroup also stores for head h (the splits
-// of later segments read it after this dispatch).
+// Fills xmu_sh (published by a later barrier; uniform arguments): zeros while the sequence
+// is shorter than its sink (no code is attended), else the stored mean, which in a fused step
+// that completes the sink this workgroup stores first for head h (the splits of later
+// segments read it after this dispatch).
 fn x_load_mean(lid: u32, b: u32, h: u32, len: u32, lc: u32) {
-    for (var c = lid; c < XC; c += WG) {
-        var m = vec4<f32>(0.0);
-        if lc >= SINK {
 #if ENCODE
-            if len < SINK {
-                kmu_base = len;
-                m = vec4<f32>(kmu_source(b, h, 2u * c), kmu_source(b, h, 2u * c + 1u));
-                let at = kmu_at(b, h) + 4u * c;
-                lens[at] = bitcast<u32>(m.x);
-                lens[at + 1u] = bitcast<u32>(m.y);
-                lens[at + 2u] = bitcast<u32>(m.z);
-                lens[at + 3u] = bitcast<u32>(m.w);
-            } else {
-                m = kmu_load(b, h, c);
-            }
-#else
-            m = kmu_load(b, h, c);
+    if len < SINK && lc >= SINK {
+        kmu_base = len;
+        kmu_write(lid, WG, b, h, 1u);
+        storageBarrier();
+    }
 #endif
-        }
-        xmu_sh[c] = m;
+    for (var c = lid; c < XC; c += WG) {
+        xmu_sh[c] = select(vec4<f32>(0.0), kmu_load(b, h, c), lc >= SINK);
     }
 }
 #endif
