@@ -29,6 +29,9 @@ pub enum GridTerm {
     /// A chunk's split workgroups per KV head and split: `ceil(queries / chunk_queries)`, each
     /// serving `chunk_queries` of its new tokens (1 outside a chunk).
     QueryGroups,
+    /// A prefill slice's workgroups per KV head and split: `ceil(queries * gqa /
+    /// prefill_rows)`, each serving `prefill_rows` query rows (1 outside a prefill slice).
+    RowTiles,
 }
 
 impl GridTerm {
@@ -43,6 +46,7 @@ impl GridTerm {
             GridTerm::WideGroups => "wide_groups",
             GridTerm::Queries => "queries",
             GridTerm::QueryGroups => "query_groups",
+            GridTerm::RowTiles => "row_tiles",
         }
     }
 
@@ -57,6 +61,7 @@ impl GridTerm {
             GridTerm::WideGroups => s.wide_groups,
             GridTerm::Queries => s.queries,
             GridTerm::QueryGroups => s.query_groups,
+            GridTerm::RowTiles => s.row_tiles,
         }
     }
 }
@@ -80,6 +85,8 @@ pub struct GridShape {
     pub queries: u32,
     /// [`GridTerm::QueryGroups`] of the call (1 outside a chunk).
     pub query_groups: u32,
+    /// [`GridTerm::RowTiles`] of the call (1 outside a prefill slice).
+    pub row_tiles: u32,
 }
 
 /// How one entry point is dispatched: its grid and when.
@@ -151,6 +158,27 @@ pub const CHUNK_SPLIT: Dispatch = Dispatch {
     when: "once per storage segment of the layer",
 };
 
+/// A rotated K's queries of a prefill slice rotated into its scratch, before [`PREFILL`]: one
+/// workgroup per KV head of each sequence and group of `chunk_queries` new tokens.
+pub const PREFILL_Q: Dispatch = Dispatch {
+    entry: "prefill_q",
+    grid: [GridTerm::KvHeadsBatch, GridTerm::One, GridTerm::QueryGroups],
+    when: "once per prefill slice, before its prefill dispatches, where K's codec is rotated (the first segment's group-0 bind group)",
+};
+
+/// A long chunk slice's attention tiled over queries and keys (the prefill kernel, in place
+/// of [`CHUNK_SPLIT`]): one workgroup per KV head of each sequence, split and tile of
+/// `prefill_rows` query rows.
+pub const PREFILL: Dispatch = Dispatch {
+    entry: "prefill",
+    grid: [
+        GridTerm::KvHeadsBatch,
+        GridTerm::SplitsPlusOne,
+        GridTerm::RowTiles,
+    ],
+    when: "once per storage segment of the layer, for a chunk slice of at least the cache's prefill_from tokens",
+};
+
 /// Merges the splits' partials: one workgroup per query head of each sequence and query.
 pub const REDUCE: Dispatch = Dispatch {
     entry: "reduce",
@@ -182,10 +210,13 @@ mod tests {
             wide_groups: 9,
             queries: 5,
             query_groups: 2,
+            row_tiles: 4,
         };
         assert_eq!(SPLIT.workgroups(&s), [12, 8, 1]);
         assert_eq!(CHUNK_SPLIT.workgroups(&s), [12, 8, 2]);
         assert_eq!(REDUCE.workgroups(&s), [16, 3, 5]);
         assert_eq!(APPEND_WIDE.workgroups(&s), [9, 3, 1]);
+        assert_eq!(PREFILL.workgroups(&s), [12, 8, 4]);
+        assert_eq!(PREFILL_Q.workgroups(&s), [12, 1, 2]);
     }
 }

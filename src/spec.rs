@@ -123,6 +123,14 @@ pub struct CacheSpec {
     pub workgroup: Option<u32>,
     /// Tokens kept exact beside their codes ([`ExactTokens`]); none by default.
     pub exact: ExactTokens,
+    /// Chunk slices of at least this many new tokens per sequence are attended by the
+    /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
+    /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
+    /// [`crate::tuning`] entry's (no adapter has measured it yet: none), `Some(u32::MAX)`
+    /// never. Both kernels compute the same attention; this only chooses the faster one. A
+    /// cache the prefill kernel does not serve (exact tokens, a rotor K with QJL at head_dim
+    /// 256) always takes the split kernel.
+    pub prefill_from: Option<u32>,
 }
 
 /// Most tokens a cache holds: a ring's slot arithmetic (`wgsl/shared/common.wgsl`, `seg_runs`) adds
@@ -153,6 +161,7 @@ impl CacheSpec {
             segment_tokens: None,
             workgroup: None,
             exact: ExactTokens::NONE,
+            prefill_from: None,
         }
     }
 
@@ -188,6 +197,13 @@ impl CacheSpec {
     /// needs exact sink tokens ([`CacheSpec::with_exact`]).
     pub fn with_k_mean(mut self) -> CacheSpec {
         self.exact.k_mean = true;
+        self
+    }
+
+    /// Attends chunk slices of at least `tokens` new tokens per sequence with the prefill
+    /// kernel ([`CacheSpec::prefill_from`]); 1 takes it for every chunk.
+    pub fn with_prefill_from(mut self, tokens: u32) -> CacheSpec {
+        self.prefill_from = Some(tokens);
         self
     }
 

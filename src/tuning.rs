@@ -129,9 +129,18 @@ pub struct DeviceTuning {
     pub splits: SplitRule,
     /// Invocations per decode workgroup (64, 128 or 256).
     pub decode_workgroup: u32,
+    /// New tokens per sequence from which a chunk slice is attended by the prefill kernel
+    /// ([`CacheSpec::prefill_from`]); `None`: never (the chunk's split kernel, measured).
+    pub prefill_from: Option<u32>,
 }
 
 impl DeviceTuning {
+    /// The prefill threshold for `spec`: its own [`CacheSpec::prefill_from`], else this
+    /// tuning's.
+    pub fn prefill_from(&self, spec: &CacheSpec) -> Option<u32> {
+        spec.prefill_from.or(self.prefill_from)
+    }
+
     /// The decode workgroup for `spec`: its own [`CacheSpec::workgroup`], else this tuning's.
     pub fn workgroup(&self, spec: &CacheSpec) -> u32 {
         spec.workgroup.unwrap_or(self.decode_workgroup)
@@ -156,6 +165,7 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
         max: 4,
     },
     decode_workgroup: 128,
+    prefill_from: None,
 };
 
 /// NVIDIA H200 (132 multiprocessors), where every default was measured (BENCHMARKS.md, "Split
@@ -178,6 +188,7 @@ pub const H200: DeviceTuning = DeviceTuning {
         max: 64,
     },
     decode_workgroup: 128,
+    prefill_from: None,
 };
 
 /// Every adapter kvq has no measurements for: Apple, AMD, Intel, browsers (whose adapter
@@ -203,6 +214,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
         max: 64,
     },
     decode_workgroup: 128,
+    prefill_from: None,
 };
 
 /// The measured tunings, the first match wins; an adapter none matches gets [`UNMEASURED`].

@@ -288,12 +288,20 @@ fn lse_over_rows(
 fn chunks_write_each_rows_log_sum_exp_where_asked() {
     // An int, a rotated (V un-rotated in the reduce) and a QJL K; a chunk longer than a slice
     // for one of them; the log-sum-exp buffer poisoned first.
-    for (codecs, d, prefix, n) in [
+    for (c, prefill) in [
         ("q4_sym", 64, 30, 5),
         ("iso3_sym", 128, 100, 300),
         ("k_turbo3+qjl", 64, 7, 9),
-    ] {
-        let spec = spec(codecs, d, 4, 2, 2, 500);
+    ]
+    .into_iter()
+    .flat_map(|c| [(c, false), (c, true)])
+    {
+        let (codecs, d, prefix, n) = c;
+        // The split kernel's partials, then the prefill kernel's, through the one reduce.
+        let spec = match prefill {
+            false => spec(codecs, d, 4, 2, 2, 500),
+            true => tiled(spec(codecs, d, 4, 2, 2, 500)),
+        };
         let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
         let gpu = cache.context().clone();
         let mut rng = Rng::new(u64::from(d + prefix));
@@ -339,7 +347,10 @@ fn chunks_write_each_rows_log_sum_exp_where_asked() {
                 }
             }
         }
-        assert!(worst <= TOL, "{codecs}: log-sum-exp error {worst:.2e}");
+        assert!(
+            worst <= TOL,
+            "{codecs} (prefill kernel: {prefill}): log-sum-exp error {worst:.2e}"
+        );
     }
     // A buffer too small for [batch, n, q_heads] is a typed error.
     let cache = KvCache::new(ctx(), spec("none", 64, 4, 2, 1, 64)).expect("cache");
@@ -350,4 +361,73 @@ fn chunks_write_each_rows_log_sum_exp_where_asked() {
         cache.chunk_io_lse(&b, &b, 2, InputType::F32, &b, &b, &small),
         Err(KvqError::BadBuffer { .. })
     ));
+}
+
+/// `s` with every chunk attended by the prefill kernel (tiled over queries and keys).
+fn tiled(s: CacheSpec) -> CacheSpec {
+    s.with_prefill_from(1)
+}
+
+#[test]
+fn prefill_kernel_of_f16_and_int_codecs_matches_the_reference() {
+    // The shapes of the split kernel's tests: prefixes of 0, 1 and about a split boundary,
+    // batch 3, GQA 4, 1 and 8, chunks across storage segments; tiles of 32 rows end inside
+    // a token's heads (GQA 7 below) and past the slice's last row.
+    check(tiled(spec("none", 64, 8, 2, 3, 300)), 0, &[1, 2, 3, 5, 17]);
+    check(tiled(spec("none", 64, 8, 2, 3, 300)), 1, &[8, 129]);
+    check(
+        tiled(segmented(spec("q4_sym", 128, 2, 2, 1, 400))),
+        95,
+        &[64, 3, 1, 8],
+    );
+    check(tiled(spec("k=q8,v=q4", 256, 8, 1, 1, 200)), 20, &[4, 9]);
+}
+
+#[test]
+fn prefill_kernel_over_many_tiles_and_slices_matches_the_reference() {
+    // 16 slices of 256 queries whose splits each hold several 64-key tiles (the online
+    // softmax rescales across tiles), then 2 slices and a part.
+    check(tiled(spec("k_q8", 64, 2, 1, 1, 4800)), 40, &[4096, 600]);
+}
+
+#[test]
+fn prefill_kernel_of_rotated_and_qjl_codecs_matches_the_reference() {
+    // Rotated queries (rotate first, into the scratch), rotated V (un-rotated by the reduce),
+    // per-block scales, QJL's signs as a second block of the query row; rows per group 4
+    // (D 128), 3 (rotor's 160-wide rows at D 128), 2 (D 256) and 1 (rotor at D 256; QJL at
+    // D 256); GQA 7, 4, 2, 1; batch 3.
+    check(tiled(spec("turbo3_sym", 96, 7, 1, 1, 300)), 40, &[2, 17, 64]);
+    check(tiled(spec("k=iso3b+qjl,v=rotor4", 64, 4, 2, 2, 800)), 3, &[5, 600]);
+    check(tiled(spec("k_rotor3", 128, 8, 2, 3, 300)), 64, &[3, 8, 129]);
+    check(tiled(spec("iso4_sym", 256, 4, 2, 1, 300)), 70, &[33]);
+    check(tiled(spec("rotor3_sym", 256, 2, 2, 1, 300)), 70, &[20]);
+    check(tiled(spec("k_turbo3+qjl", 256, 8, 8, 1, 200)), 10, &[9]);
+}
+
+#[test]
+fn prefill_kernel_over_a_sliding_window_and_segments_matches_the_reference() {
+    check(
+        tiled(spec("none", 64, 4, 2, 2, 160).with_window(100)),
+        150,
+        &[33, 61, 5],
+    );
+    let ring = tiled(spec("k_turbo4", 128, 4, 4, 1, 160).with_window(100));
+    check(segmented(ring), 170, &[40]);
+    check(
+        tiled(spec("q8_sym", 64, 4, 2, 1, 600).with_window(200)),
+        650,
+        &[300],
+    );
+}
+
+#[test]
+fn the_prefill_kernel_serves_only_the_caches_it_is_written_for() {
+    // A threshold picks it from that many new tokens on; exact tokens keep the split kernel
+    // (tests/exact.rs checks their chunks), and so does a query row wider than its tile.
+    let c = |s: CacheSpec| KvCache::new(ctx(), s).expect("cache").layout().prefill;
+    assert_eq!(c(spec("none", 128, 8, 2, 1, 64)), None);
+    assert_eq!(c(spec("none", 128, 8, 2, 1, 64).with_prefill_from(48)), Some((32, 48)));
+    assert_eq!(c(tiled(spec("rotor3_sym", 128, 8, 2, 1, 64))), Some((24, 1)));
+    assert_eq!(c(tiled(spec("none", 128, 8, 2, 1, 64)).with_exact(4, 0)), None);
+    assert_eq!(c(tiled(spec("k_rotor3+qjl", 256, 8, 2, 1, 64))), None);
 }

@@ -99,7 +99,7 @@ function compare(check, got) {
 }
 
 // One grid term of the manifest (an entry point's `grid`), over the plan's grid_shape and a
-// dispatch's wide_groups, queries and query_groups.
+// dispatch's wide_groups, queries, query_groups and row_tiles.
 function termValue(term, shape, d) {
   switch (term) {
     case '1': return 1;
@@ -110,6 +110,7 @@ function termValue(term, shape, d) {
     case 'wide_groups': return d.wide_groups;
     case 'queries': return d.queries;
     case 'query_groups': return d.query_groups;
+    case 'row_tiles': return d.row_tiles;
     default: throw new Error(`a grid term this harness does not know: ${term}`);
   }
 }

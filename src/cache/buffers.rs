@@ -122,6 +122,7 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
         splits,
         k_row_bytes,
         v_row_bytes,
+        ..
     } = plan.layout;
     // Lengths then overflow flags, all zero (an empty cache), then the codec constants
     // (rotations, codebooks, QJL matrix) the kernels read.

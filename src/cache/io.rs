@@ -62,11 +62,15 @@ pub struct ChunkIo {
 
 /// Queries `first .. first + count` of a chunk: their io bind group (query, output, the
 /// slice's params, the log-sum-exp buffer or its stand-in), split workgroups per KV head
-/// and split (`ceil(count / chunk_queries)`) and any append of their own.
+/// and split (`ceil(count / chunk_queries)`), the prefill kernel's where it attends the
+/// slice, and any append of their own.
 pub(super) struct ChunkSlice {
     pub(super) io: Bound,
     pub(super) count: u32,
     pub(super) query_groups: u32,
+    /// Where the prefill kernel attends the slice: its workgroups per KV head and split
+    /// (`ceil(count * gqa / prefill_rows)`).
+    pub(super) row_tiles: Option<u32>,
     /// With recent exact tokens: the slice's own append, recorded just before it is
     /// attended (else the chunk's append goes first, whole).
     pub(super) append: Option<AppendInput>,

@@ -24,6 +24,10 @@ pub struct Layout {
     pub k_row_bytes: u64,
     /// Bytes of one stored V row.
     pub v_row_bytes: u64,
+    /// Query rows of a prefill workgroup, and the new tokens per sequence from which a
+    /// chunk slice takes the prefill kernel ([`CacheSpec::prefill_from`]); `None` where it
+    /// never does.
+    pub prefill: Option<(u32, u32)>,
 }
 
 /// Everything [`crate::KvCache::new`] decides before it touches the device.
@@ -66,7 +70,7 @@ pub(super) fn plan(
         have,
     };
     let max_binding = max_binding(limits);
-    let layout = segment(spec, max_binding, tuning, adapter)?;
+    let mut layout = segment(spec, max_binding, tuning, adapter)?;
     let cfg = KernelConfig {
         head_dim: spec.head_dim,
         gqa: spec.gqa(),
@@ -93,6 +97,18 @@ pub(super) fn plan(
             wg_bytes as u64,
             limits.max_compute_workgroup_storage_size as u64,
         ));
+    }
+    // The prefill kernel where the cache asks for it and it serves the cache.
+    if let (Some(rows), Some(from)) = (cfg.prefill_rows(), tuning.prefill_from(spec)) {
+        let bytes = cfg.prefill_workgroup_bytes()?;
+        if bytes > limits.max_compute_workgroup_storage_size {
+            return Err(too_weak(
+                "max_compute_workgroup_storage_size (the prefill kernel)".into(),
+                bytes as u64,
+                limits.max_compute_workgroup_storage_size as u64,
+            ));
+        }
+        layout.prefill = Some((rows, from.max(1)));
     }
     // The store is split to fit a binding; the decode scratch and the constants are one
     // binding each, so a shape that needs more than the adapter binds is refused here.
@@ -195,6 +211,7 @@ fn segment(
             .max(1),
         k_row_bytes,
         v_row_bytes,
+        prefill: None,
     })
 }
 

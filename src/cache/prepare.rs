@@ -198,8 +198,26 @@ impl KvCache {
                 s.capacity - w + 1
             )));
         }
-        // Slices of at most CHUNK_SLICE_TOKENS queries, and as many as the binding limit holds.
-        let per_query = self.partials_bytes();
+        // With recent exact tokens, slices of at most EXACT_CHUNK_SLICE, each appended before
+        // it is attended: the ring then still holds the recent tokens before each query.
+        let interleaved = s.exact.recent > 0;
+        let most = if interleaved {
+            EXACT_CHUNK_SLICE
+        } else {
+            CHUNK_SLICE_TOKENS
+        };
+        // The prefill kernel takes slices of at least `from` tokens; a rotated K's queries,
+        // rotated first, take scratch after the partials.
+        let prefill = self.layout.prefill.filter(|&(_, from)| from <= n.min(most));
+        let tile = self.cfg.prefill_tile();
+        let rotated_queries = match prefill {
+            Some(_) if s.codecs.k.kind.is_rotated() => {
+                s.batch as u64 * s.q_heads as u64 * tile.query_width as u64 * 4
+            }
+            _ => 0,
+        };
+        // Slices of at most `most` queries, and as many as the binding limit holds.
+        let per_query = self.partials_bytes() + rotated_queries;
         let limit = self.ctx.device.limits().max_storage_buffer_binding_size;
         let fit = (limit / per_query).min(u32::MAX as u64) as u32;
         if fit == 0 {
@@ -211,14 +229,6 @@ impl KvCache {
                 have: limit,
             });
         }
-        // With recent exact tokens, slices of at most EXACT_CHUNK_SLICE, each appended before
-        // it is attended: the ring then still holds the recent tokens before each query.
-        let interleaved = s.exact.recent > 0;
-        let most = if interleaved {
-            EXACT_CHUNK_SLICE
-        } else {
-            CHUNK_SLICE_TOKENS
-        };
         let slice = n.clamp(1, most.min(fit));
         let scratch = per_query * slice as u64;
         let append = if interleaved {
@@ -228,6 +238,9 @@ impl KvCache {
         };
         // Built here, once, so that recording a chunk never compiles a pipeline.
         self.pipes.chunk()?;
+        if prefill.is_some() {
+            self.pipes.prefill()?;
+        }
         let partials = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
             label: Some("kvq chunk partials"),
             size: scratch,
@@ -267,6 +280,9 @@ impl KvCache {
                 io: self.bind("kvq chunk io", &self.pipes.chunk_io, &bufs)?,
                 count,
                 query_groups: count.div_ceil(cq),
+                row_tiles: prefill
+                    .filter(|&(_, from)| count >= from)
+                    .map(|(rows, _)| (count * s.gqa()).div_ceil(rows)),
                 append,
             });
         }

@@ -152,6 +152,10 @@ impl KvCache {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.chunk()?.clone();
+        let prefill = match self.layout.prefill {
+            Some(_) => Some(self.pipes.prefill()?.clone()),
+            None => None,
+        };
         // The whole chunk is reserved first: a chunk that would pass the capacity records
         // nothing.
         self.reserve_append(layer, io.input, io.n)?;
@@ -165,11 +169,25 @@ impl KvCache {
             let shape = GridShape {
                 queries: slice.count,
                 query_groups: slice.query_groups,
+                row_tiles: slice.row_tiles.unwrap_or(1),
                 ..self.grid_shape()
             };
-            let stores = io.store[layer as usize].iter();
-            let rule = &dispatch::CHUNK_SPLIT;
-            self.record_attention(pass, (&split, rule), &reduce, &slice.io, stores, &shape);
+            let stores = &io.store[layer as usize];
+            let kernel = match (&prefill, slice.row_tiles) {
+                (Some([rotate, tiled]), Some(_)) => {
+                    // A rotated K's queries are rotated into the scratch first.
+                    if self.spec.codecs.k.kind.is_rotated() {
+                        pass.set_bind_group(1, &slice.io);
+                        pass.set_pipeline(rotate);
+                        pass.set_bind_group(0, &stores[0]);
+                        pass.dispatch(&dispatch::PREFILL_Q, &shape);
+                        self.ctx.counters().add_dispatches(1);
+                    }
+                    (tiled, &dispatch::PREFILL)
+                }
+                _ => (&split, &dispatch::CHUNK_SPLIT),
+            };
+            self.record_attention(pass, kernel, &reduce, &slice.io, stores.iter(), &shape);
         }
         Ok(())
     }
@@ -299,6 +317,7 @@ impl KvCache {
             wide_groups: 0,
             queries: 1,
             query_groups: 1,
+            row_tiles: 1,
         }
     }
 

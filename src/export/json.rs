@@ -187,7 +187,7 @@ impl ReplayPlan {
                 "{{\"label\":{},\"dispatches\":{}}}",
                 json_str(&p.label),
                 json_arr(&p.dispatches, |d| format!(
-                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{},\"queries\":{},\"query_groups\":{}}}",
+                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{},\"queries\":{},\"query_groups\":{},\"row_tiles\":{}}}",
                     d.pipeline,
                     d.bind_groups[0],
                     d.bind_groups[1],
@@ -196,7 +196,8 @@ impl ReplayPlan {
                     d.workgroups[2],
                     d.wide_groups,
                     d.queries,
-                    d.query_groups
+                    d.query_groups,
+                    d.row_tiles
                 ))
             ))
         );

@@ -56,6 +56,8 @@ pub struct PlanDispatch {
     pub queries: u32,
     /// [`GridShape::query_groups`] of the call (1 but for a chunk of several new tokens).
     pub query_groups: u32,
+    /// [`GridShape::row_tiles`] of the call (1 but for a prefill slice).
+    pub row_tiles: u32,
 }
 
 /// A compute pass of a [`ReplayPlan`] (one per kvq call: an append, an attend, a step).

@@ -166,6 +166,7 @@ impl PlanRecorder {
             wide_groups: 0,
             queries: 1,
             query_groups: 1,
+            row_tiles: 1,
         });
         Ok(())
     }
@@ -196,6 +197,7 @@ impl Recorder for PlanRecorder {
             d.wide_groups = shape.wide_groups;
             d.queries = shape.queries;
             d.query_groups = shape.query_groups;
+            d.row_tiles = shape.row_tiles;
         }
     }
 }

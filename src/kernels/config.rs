@@ -259,7 +259,53 @@ impl KernelConfig {
         h.constant("SCALE", Value::F32(self.scale));
         h.constant("EXACT", Value::Bool(self.exact.any()));
         h.constant("KMEAN", Value::Bool(self.exact.k_mean));
+        // The prefill kernel's tiles (kernels/prefill.wgsl); a configuration it does not serve
+        // still assembles with one row per row group, and is never dispatched.
+        let t = self.prefill_tile();
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        c("PQA", t.query_codes);
+        c("PQW", t.query_width);
+        c("PRB", t.rows_per_group.max(1));
+        c("PBR", PREFILL_ROW_GROUPS * t.rows_per_group.max(1));
+        c("PVU", t.value_columns);
+        c("PVK", t.value_keys);
+        c("PKV", PREFILL_KV_FLOATS);
+        c("PTR", PREFILL_ROW_GROUPS);
+        c("PTK", PREFILL_LANES);
+        c("PKT", PREFILL_KEYS_PER_LANE);
         h
+    }
+
+    /// The prefill kernel's tile for this configuration ([`PrefillTile`]).
+    pub(crate) fn prefill_tile(&self) -> PrefillTile {
+        let d = self.head_dim;
+        let query_codes = if self.k.kind.is_rotated() {
+            self.rot_width()
+        } else {
+            d
+        };
+        let query_width = query_codes + if self.k.qjl { d } else { 0 };
+        let rows_per_group = (PREFILL_QUERY_FLOATS / (PREFILL_ROW_GROUPS * query_width)).min(4);
+        let pv4 = self.partial_width() / 4;
+        // V rows of a sub-tile: a power of two (it divides the 64 keys of a tile) whose rows
+        // fill at most the K/V tile.
+        let fit = (PREFILL_KV_FLOATS / 4 / pv4).max(1);
+        PrefillTile {
+            query_codes,
+            query_width,
+            rows_per_group,
+            value_columns: pv4.div_ceil(PREFILL_LANES),
+            value_keys: 1 << fit.ilog2(),
+        }
+    }
+
+    /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not
+    /// serve this cache: one with exact tokens (the chunk kernel attends them), or a query
+    /// row too wide for one row per row group (a rotor K with QJL at head_dim 256).
+    pub(crate) fn prefill_rows(&self) -> Option<u32> {
+        let t = self.prefill_tile();
+        (!self.exact.any() && t.rows_per_group > 0)
+            .then_some(PREFILL_ROW_GROUPS * t.rows_per_group)
     }
 
     /// The WGSL of `module` for this configuration.
@@ -314,6 +360,12 @@ impl KernelConfig {
     pub(crate) fn split_workgroup_bytes(&self) -> Result<u32> {
         self.check()?;
         Ok(self.split_memory(self.defines())?.webgpu)
+    }
+
+    /// Workgroup memory of the chunk module's `prefill` kernel, in bytes as WebGPU counts it.
+    pub(crate) fn prefill_workgroup_bytes(&self) -> Result<u32> {
+        let src = self.module_source(KernelModule::Chunk)?;
+        Ok(workgroup::workgroup_bytes(&src, "prefill")?.webgpu)
     }
 
     /// The fused step's `split` kernel's workgroup memory with `defines`.
@@ -613,6 +665,42 @@ pub(crate) fn k_unroll(head_dim: u32) -> u32 {
 /// 8 rows (2 tokens a workgroup) ran 3-25 % faster than 4 (one token) and 4-60 % faster than
 /// 16.
 pub(crate) const CHUNK_ROWS: u32 = 8;
+
+/// The prefill kernel's shape for one configuration ([`KernelConfig::prefill_tile`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PrefillTile {
+    /// Floats of a query row scored against K's codes: D, or a rotated K's padded
+    /// `n_codes` (`PQA`).
+    pub query_codes: u32,
+    /// Floats of a query row in the tile: `query_codes`, plus D for QJL's `S q` (`PQW`).
+    pub query_width: u32,
+    /// Query rows of each of the [`PREFILL_ROW_GROUPS`] row groups (`PRB`, at most 4: a
+    /// vec4 of weights per key); 0 where one row would not fit.
+    pub rows_per_group: u32,
+    /// Output vec4s per row each invocation of a row group accumulates (`PVU`).
+    pub value_columns: u32,
+    /// V rows decoded into the K/V tile at a time (`PVK`).
+    pub value_keys: u32,
+}
+
+/// Row groups of a prefill workgroup (`PTR`): its 128 invocations are 8 row groups of
+/// [`PREFILL_LANES`] lanes, each lane scoring 4 keys of a 64-key tile against its group's
+/// rows and accumulating a quarter or less of their output columns.
+pub(crate) const PREFILL_ROW_GROUPS: u32 = 8;
+
+/// Lanes of a prefill row group (`PTK` in the WGSL).
+pub(crate) const PREFILL_LANES: u32 = 16;
+
+/// Keys each prefill lane scores per tile (`PKT`): tiles of 64 keys.
+pub(crate) const PREFILL_KEYS_PER_LANE: u32 = 4;
+
+/// Floats of the prefill kernel's query tile (16 KiB): rows × `PQW`.
+pub(crate) const PREFILL_QUERY_FLOATS: u32 = 4096;
+
+/// Floats of the prefill kernel's K/V tile (4 KiB): 4 coordinates of 64 keys' K at a time,
+/// then `PVK` decoded V rows at a time. With the query tile (16 KiB) and the weights (8
+/// KiB) the kernel stays within the 32 KiB of workgroup memory kvq asks of an adapter.
+pub(crate) const PREFILL_KV_FLOATS: u32 = 1024;
 
 /// Loads a thread issues together before using them in the QJL projection (`$v` lines of
 /// kernels/attention.wgsl, `VU`).

@@ -17,7 +17,8 @@ pub enum KernelModule {
     Step(InputType),
     /// Attention of a chunk of new tokens, already appended (`split`, `reduce`): the decode
     /// kernels with several new tokens' queries per split workgroup, each with its causal
-    /// end, and the query the reduce grid's third dimension.
+    /// end, and the query the reduce grid's third dimension; and for long slices the prefill
+    /// kernel (`prefill_q`, `prefill`), tiled over queries and keys, into the same partials.
     Chunk,
 }
 
@@ -82,7 +83,7 @@ impl KernelModule {
         match self {
             KernelModule::Append(_) => &[&d::APPEND_SMALL, &d::APPEND_WIDE, &d::APPEND_COMMIT],
             KernelModule::Decode | KernelModule::Step(_) => &[&d::SPLIT, &d::REDUCE],
-            KernelModule::Chunk => &[&d::CHUNK_SPLIT, &d::REDUCE],
+            KernelModule::Chunk => &[&d::CHUNK_SPLIT, &d::REDUCE, &d::PREFILL_Q, &d::PREFILL],
         }
     }
 }
@@ -187,3 +188,5 @@ pub(crate) const STEP_IO: LayoutTable = (
 pub(crate) const APPEND_ENTRIES: [&str; 3] = ["append_small", "append_wide", "append_commit"];
 /// Entry points of a decode or step module, in the order of [`Pipelines::step`].
 pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];
+/// Entry points of the chunk module's prefill kernel, in the order of [`Pipelines::prefill`].
+pub(crate) const PREFILL_ENTRIES: [&str; 2] = ["prefill_q", "prefill"];

@@ -7,7 +7,7 @@ use crate::error::{KvqError, Result};
 use crate::kernels::config::KernelConfig;
 use crate::kernels::module::{
     APPEND_ENTRIES, APPEND_INPUT, APPEND_STORE, ATTEND_ENTRIES, CHUNK_IO, DECODE_IO, DECODE_STORE,
-    InputType, KernelModule, LayoutTable, STEP_IO, STEP_STORE,
+    InputType, KernelModule, LayoutTable, PREFILL_ENTRIES, STEP_IO, STEP_STORE,
 };
 
 /// A pipeline with its module, entry point and bind group layouts (groups 0 and 1).
@@ -46,6 +46,8 @@ pub(crate) struct Pipelines {
     step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
     /// (split, reduce) of chunks.
     chunk: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
+    /// (prefill_q, prefill) of long chunk slices, from the chunk module.
+    prefill: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
     chunk_layout: wgpu::PipelineLayout,
 }
 
@@ -90,6 +92,11 @@ impl Pipelines {
         }
         for (p, ep) in self.chunk()?.iter().zip(ATTEND_ENTRIES) {
             v.push((p, KernelModule::Chunk, ep, KernelModule::Chunk.layouts()));
+        }
+        if self.cfg.prefill_rows().is_some() {
+            for (p, ep) in self.prefill()?.iter().zip(PREFILL_ENTRIES) {
+                v.push((p, KernelModule::Chunk, ep, KernelModule::Chunk.layouts()));
+            }
         }
         Ok(v)
     }
@@ -147,6 +154,25 @@ impl Pipelines {
                     src,
                     &self.chunk_layout,
                     ATTEND_ENTRIES,
+                )
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The prefill pipelines (prefill_q, prefill; built on the first call), for a cache the
+    /// prefill kernel serves ([`KernelConfig::prefill_rows`]).
+    pub fn prefill(&self) -> Result<&[wgpu::ComputePipeline; 2]> {
+        self.prefill
+            .get_or_init(|| {
+                let src = self.cfg.module_source(KernelModule::Chunk)?;
+                build(
+                    &self.device,
+                    self.compile,
+                    "kvq prefill",
+                    src,
+                    &self.chunk_layout,
+                    PREFILL_ENTRIES,
                 )
             })
             .as_ref()
@@ -212,6 +238,7 @@ impl Pipelines {
             append: Default::default(),
             step: Default::default(),
             chunk: Default::default(),
+            prefill: Default::default(),
             chunk_layout,
             append_store,
             append_input,

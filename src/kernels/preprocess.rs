@@ -111,6 +111,10 @@ const FILES: &[(&str, &str)] = &[
         "kernels/attention.wgsl",
         include_str!("../../wgsl/kernels/attention.wgsl"),
     ),
+    (
+        "kernels/prefill.wgsl",
+        include_str!("../../wgsl/kernels/prefill.wgsl"),
+    ),
 ];
 
 /// Deepest chain of includes (a cycle stops here with an error).

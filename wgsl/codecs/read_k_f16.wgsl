@@ -15,3 +15,12 @@ fn k_scores(row: u32) {
 
 // No level-pair table (the rotated K reader's).
 fn k_load_pairs(lid: u32) {}
+
+// Coordinates 4c .. 4c + 3 of an f16 K row (the prefill kernel's K tile).
+fn k_dec4(row: u32, c: u32) -> vec4<f32> {
+    let w = k_store[k_chunk(row, c / 2u)];
+    if c % 2u == 0u {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}

@@ -32,3 +32,14 @@ fn k_scores(row: u32) {
 
 // No level-pair table (the rotated K reader's).
 fn k_load_pairs(lid: u32) {}
+
+// Coordinates 4c .. 4c + 3 of a q4 K row, scaled (the prefill kernel's K tile): half of the
+// row's code word c / 2.
+fn k_dec4(row: u32, c: u32) -> vec4<f32> {
+    let base = (row - row % KB) * K_WORDS + row % KB;
+    let j = c / 8u;
+    let sw = unpack2x16float(k_store[base + (K_SIDE_WORD + j / 2u) * KB]);
+    let d = select(sw.x, sw.y, j % 2u == 1u);
+    let q = q4_codes(k_store[base + (c / 2u) * KB]);
+    return select(q[0], q[1], c % 2u == 1u) * d;
+}

@@ -112,3 +112,41 @@ fn k_scores(row: u32) {
         sc$g += coef * t$g;
     }
 }
+
+// The prefill kernel's K tile: coordinates 4c .. 4c + 3 of the row's scoring domain, which
+// the query tile matches (kernels/prefill.wgsl): the codes' levels times their scale (zeros
+// past n_codes, where the rotated query is padded with zeros), then with QJL, from RW on,
+// the residual's signs times the estimator's coefficient, against S q.
+fn k_dec4(row: u32, c: u32) -> vec4<f32> {
+    let base = (row - row % KB) * K_WORDS + row % KB;
+    if c < RW / 4u {
+        if 4u * c >= K_NC {
+            return vec4<f32>(0.0);
+        }
+        let j = c / 8u;
+        let s = k_half(base, K_SIDE_BIT + select(0u, 16u * j, K_BLOCK32));
+        let f = k_field(k_block_words(base, j), 4u * (c % 8u) * K_BITS);
+        let code = (vec4<u32>(f) >> vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS)) & vec4<u32>((1u << K_BITS) - 1u);
+        return vec4<f32>(lv_k[code.x], lv_k[code.y], lv_k[code.z], lv_k[code.w]) * s;
+    }
+    let e = c - RW / 4u;
+    let w = k_store[base + (K_QJL_WORD + e / 8u) * KB];
+    let sgn = bitcast<vec4<f32>>(((vec4<u32>(w) << (vec4<u32>(31u, 30u, 29u, 28u) - vec4<u32>(4u * (e % 8u)))) & vec4<u32>(0x80000000u)) ^ vec4<u32>(0xbf800000u));
+    return sgn * k_qjl_coef(base);
+}
+
+// The QJL estimator's coefficient of the row whose first word is `base`, as k_scores
+// computes it: n sqrt(pi/2) / m times the residual's norm, with ||x|| from the scales.
+fn k_qjl_coef(base: u32) -> f32 {
+    var nn = 0.0;
+    if K_BLOCK32 {
+        for (var j = 0u; j < (K_NC + 31u) / 32u; j++) {
+            let s = k_half(base, K_SIDE_BIT + 16u * j);
+            nn += f32(min(32u, K_NC - 32u * j)) * s * s;
+        }
+    } else {
+        let s = k_half(base, K_SIDE_BIT);
+        nn = s * s * f32(D);
+    }
+    return sqrt(nn) * 1.2533141 / f32(D) * k_half(base, K_QJL_NORM_BIT);
+}

@@ -31,6 +31,7 @@ fn commit_step(b: u32, len: u32) {}
 
 #if CHUNK
 #include "kernels/attention.wgsl" scores=tile_sh weights=tile_sh lanes=tile_sh
+#include "kernels/prefill.wgsl"
 #else
 #include "kernels/attention.wgsl" scores=s_sh weights=p_sh lanes=comb
 #endif

@@ -1,0 +1,219 @@
+// The prefill kernel: a chunk slice's attention tiled over queries and keys, for long chunks
+// (prompts). Included by the chunk module after kernels/attention.wgsl, whose partial slots and
+// reduce it shares: each workgroup writes, for every query row of its tile, the same partial
+// (max, sum, un-normalised output) the chunk's split kernel would write for that split.
+//
+// Where the split kernel decodes a K/V tile for the 8 query rows of one workgroup and scores
+// one key per invocation against every row, a prefill workgroup serves PBR query rows
+// (8 row groups of PRB rows: up to 32) of one KV head and decodes each K/V tile once into
+// workgroup memory for all of them; each invocation then multiplies a block of PRB rows by 4
+// keys (scores) and PRB rows by PVU output vectors (values) out of workgroup memory, so a
+// load feeds several multiply-adds and a decoded value serves every row of the tile.
+//
+// Rows are (token, head) pairs of the slice: row r is its token r / G, head r % G of the
+// group. A rotated K's queries are rotated first, by `prefill_q` (the split kernel's own
+// rotation, into scratch after the slice's partials), so the tile loads them as they are.
+#unroll $i PRB
+#unroll $j PKT
+#unroll $u PVU
+#unroll $r QV
+
+// Invocations: PTR row groups of PTK lanes; each lane scores PKT keys of a tile.
+const PWG: u32 = PTR * PTK;
+const PBC: u32 = PTK * PKT;
+// vec4s of a query row, and vec4 columns of K decoded per pass of the K/V tile.
+const PQW4: u32 = PQW / 4u;
+const PKC: u32 = PKV / (4u * PBC);
+
+// The query tile: PBR rows of PQW values (a rotated K's codes' coordinates, then QJL's S q).
+var<workgroup> pq_sh: array<vec4<f32>, PBR * PQW4>;
+// The K/V tile: PKC vec4 columns of PBC keys (column-major, so lanes read neighbouring keys),
+// then PVK decoded V rows of PV4 vec4s.
+var<workgroup> pkv_sh: array<vec4<f32>, PKV / 4u>;
+// Softmax weights, key-major: per key, each row group's PRB rows as one vec4.
+var<workgroup> pp_sh: array<vec4<f32>, PBC * PTR>;
+// Per-lane row maxima, then sums, exchanged within a row group.
+var<workgroup> pm_sh: array<vec4<f32>, PWG>;
+var<workgroup> plen_sh: u32;
+
+// Where a rotated K's rotated queries lie in the scratch: after the slice's partials.
+fn prefill_q_base() -> u32 {
+    return chunk.count * (PART_ML + B * QH * PSLOTS);
+}
+
+// The slice's query row of (sequence b, token z of the slice, query head qh).
+fn prefill_q_row(b: u32, z: u32, qh: u32) -> u32 {
+    return (b * chunk.count + z) * QH + qh;
+}
+
+// vec4 c of row r's query (of KV head h): rotated by prefill_q, or scaled from q_in.
+fn prefill_query(b: u32, h: u32, r: u32, c: u32) -> vec4<f32> {
+    let qh = h * G + r % G;
+    if K_ROTATED {
+        return part[prefill_q_base() + prefill_q_row(b, r / G, qh) * PQW4 + c];
+    }
+    let o = ((b * chunk.n + chunk.first + r / G) * QH + qh) * D + 4u * c;
+    return vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+}
+
+// Dispatch (KVH * B, 1, ceil(count / CQ)) per slice, before `prefill`, for a rotated K only:
+// rotates the queries of CQ tokens (GR rows) as the split kernel does and stores them, with
+// QJL's S q, in the scratch.
+@compute @workgroup_size(WG)
+fn prefill_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x % KVH;
+    let b = wid.x / KVH;
+    let z = wid.z * CQ;
+    let nz = min(CQ, chunk.count - z);
+    qv$r = query_task(b * chunk.n + chunk.first + z, h, nz, lid + $ru * WG);
+    load_diag(lid, WG, K_QJL, false);
+    rotate_query(lid, b, h);
+    workgroupBarrier();
+    for (var i = lid; i < GR * PQW4; i += WG) {
+        let g = i / PQW4;
+        let c = i % PQW4;
+        if g / G < nz {
+            var x: vec4<f32>;
+            if c < PQA / 4u {
+                x = rot_sh[g * (RW / 4u) + c];
+            } else {
+                x = sq_sh[g * (D / 4u) + c - PQA / 4u];
+            }
+            part[prefill_q_base() + prefill_q_row(b, z + g / G, h * G + g % G) * PQW4 + c] = x;
+        }
+    }
+}
+
+// Dispatch (KVH * B, NSPLIT + 1, ceil(count G / PBR)) per segment, then the reduce: workgroup
+// (s, z) attends the rows PBR z .. of one KV head over split s of the positions the tile's
+// rows attend in this segment (whole 64-key tiles), each row masked to its own causal end and
+// window.
+@compute @workgroup_size(PWG)
+fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let s = wid.y;
+    let h = wid.x % KVH;
+    let b = wid.x / KVH;
+    let rows = chunk.count * G;
+    let rb = wid.z * PBR;
+    let tr = lid / PTK;
+    let tk = lid % PTK;
+    for (var i = lid; i < PBR * PQW4; i += PWG) {
+        let r = rb + i / PQW4;
+        var x = vec4<f32>(0.0);
+        if r < rows {
+            x = prefill_query(b, h, r, i % PQW4);
+        }
+        pq_sh[i] = x;
+    }
+    k_load_levels(lid);
+    v_load_levels(lid);
+    if lid == 0u {
+        plen_sh = lens[len_index(seg.layer, b)];
+    }
+    // (Its barrier also publishes the query tile and the level tables.)
+    let len = workgroupUniformLoad(&plen_sh);
+    // Slice token z attends the positions before base + z + 1 (its own included), the last
+    // WIN of them with a sliding window.
+    let base = len - chunk.appended + chunk.first;
+    let e_lo = base + rb / G + 1u;
+    let e_hi = base + (min(rb + PBR, rows) - 1u) / G + 1u;
+    let lo = e_lo - min(e_lo, WIN);
+    let runs = seg_runs(lo, e_hi, seg);
+    let stored = runs.y + runs.z;
+    let per = ((stored + NSPLIT) / (NSPLIT + 1u) + PBC - 1u) / PBC * PBC;
+    let start = min(s * per, stored);
+    let end = min(start + per, stored);
+    let row0 = seg_row(b, h, seg.seg_start, seg);
+    // This invocation's rows (of its row group) and their causal ends.
+    let e$i = base + (rb + tr * PRB + $iu) / G + 1u;
+    var m$i = NEG;
+    var l$i = 0.0;
+    var o$i$u = vec4<f32>(0.0);
+
+    for (var t0 = start; t0 < end; t0 += PBC) {
+        let tn = min(PBC, end - t0);
+        // Scores: K decoded PKC vec4 columns at a time (lanes past the tile decode its last
+        // key, masked below).
+        var s$i$j = 0.0;
+        for (var cc = 0u; cc < PQW4; cc += PKC) {
+            // The previous pass (or tile's V rows) has been read.
+            workgroupBarrier();
+            for (var x = lid; x < PBC * PKC; x += PWG) {
+                let key = x % PBC;
+                pkv_sh[x] = k_dec4(row0 + run_slot(t0 + min(key, tn - 1u), runs), cc + x / PBC);
+            }
+            workgroupBarrier();
+            for (var c = 0u; c < PKC; c++) {
+                let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
+                let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
+                s$i$j = fma4(s$i$j, q$i, k$j);
+            }
+        }
+        let pos$j = run_pos(t0 + tk + $ju * PTK, runs, lo, seg);
+        let ok$i$j = tk + $ju * PTK < tn && pos$j < e$i && pos$j >= e$i - min(e$i, WIN);
+        // Online softmax per row: the lanes of a row group exchange their maxima, so every lane
+        // of the group derives the same max (and the same rescale of its outputs).
+        var mx = vec4<f32>(NEG);
+        mx[$iu] = max(mx[$iu], select(NEG, s$i$j, ok$i$j));
+        pm_sh[lid] = mx;
+        workgroupBarrier();
+        var mt = vec4<f32>(NEG);
+        for (var x = 0u; x < PTK; x++) {
+            mt = max(mt, pm_sh[tr * PTK + x]);
+        }
+        let mn$i = max(m$i, mt[$iu]);
+        let al$i = exp(m$i - mn$i);
+        m$i = mn$i;
+        let p$i$j = select(0.0, exp(s$i$j - mn$i), ok$i$j);
+        l$i *= al$i;
+        l$i += p$i$j;
+        o$i$u *= al$i;
+        var pw$j = vec4<f32>(0.0);
+        pw$j[$iu] = p$i$j;
+        pp_sh[(tk + $ju * PTK) * PTR + tr] = pw$j;
+        // Values: PVK rows decoded at a time (a rotated V in its rotated domain, the reduce
+        // un-rotates; a row's one scale applied here), then each lane adds its row group's
+        // weighted rows to its output vectors tk, tk + PTK, ...
+        for (var vb = 0u; vb < tn; vb += PVK) {
+            // The weights are written, the previous V rows (or the last K pass) read.
+            workgroupBarrier();
+            for (var x = lid; x < PVK * VC; x += PWG) {
+                let key = x / VC;
+                let c = x % VC;
+                let row = row0 + run_slot(t0 + min(vb + key, tn - 1u), runs);
+                var vs = 1.0;
+                if V_VSCALE {
+                    vs = v_row_scale(row);
+                }
+                let v = v_load(row, c);
+                pkv_sh[key * PV4 + c * (VW / 4u)] = v[0] * vs;
+                if VW == 8u {
+                    pkv_sh[key * PV4 + c * 2u + 1u] = v[1] * vs;
+                }
+            }
+            workgroupBarrier();
+            let vn = min(PVK, tn - vb);
+            for (var t = 0u; t < vn; t++) {
+                let pr = pp_sh[(vb + t) * PTR + tr];
+                let v$u = pkv_sh[t * PV4 + min(tk + $uu * PTK, PV4 - 1u)];
+                o$i$u = fma(vec4<f32>(pr[$iu]), v$u, o$i$u);
+            }
+        }
+    }
+
+    // Each row's sum over its group's lanes, then the partials (split s of this segment).
+    workgroupBarrier();
+    var lv = vec4<f32>(0.0);
+    lv[$iu] = l$i;
+    pm_sh[lid] = lv;
+    workgroupBarrier();
+    var lt = vec4<f32>(0.0);
+    for (var x = 0u; x < PTK; x++) {
+        lt += pm_sh[tr * PTK + x];
+    }
+    let part_ml = chunk.count * PART_ML;
+    let ri$i = rb + tr * PRB + $iu;
+    let at$i = prefill_q_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + seg.split_base + s;
+    if ri$i < rows && tk + $uu * PTK < PV4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
+    if ri$i < rows && tk == 0u { part[part_ml + at$i] = vec4<f32>(m$i, lt[$iu], 0.0, 0.0); }
+}
