@@ -57,13 +57,15 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
         spec.window,
     );
     let codecs = spec.codecs.name();
+    // The last layer: its lengths and rows follow every other layer's.
+    let layer = spec.layers - 1;
     let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
     let mut rng = Rng::new(u64::from(d * 7919 + q_heads * 31 + prefix));
     let per = (batch * kv_heads * d) as usize;
     if prefix > 0 {
         let k = rng.normals(prefix as usize * per, 1.0);
         let v = rng.normals(prefix as usize * per, 1.0);
-        cache.append_host(0, &k, &v).expect("prefix");
+        cache.append_host(layer, &k, &v).expect("prefix");
     }
     let mut len = prefix;
     for &n in chunks {
@@ -71,8 +73,8 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
         let v = rng.normals(n as usize * per, 1.0);
         let qrow = (q_heads * d) as usize;
         let q = rng.normals((batch * n) as usize * qrow, 2.0);
-        let out = chunk_poisoned(&mut cache, 0, n, &k, &v, &q).expect("chunk");
-        let (krows, vrows) = cache.read_rows(0).expect("rows");
+        let out = chunk_poisoned(&mut cache, layer, n, &k, &v, &q).expect("chunk");
+        let (krows, vrows) = cache.read_rows(layer).expect("rows");
         let mut worst = 0.0f64;
         for b in 0..batch as usize {
             for i in 0..n as usize {
@@ -90,7 +92,7 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
             q_heads / kv_heads
         );
         len += n;
-        assert_eq!(cache.len(0, batch - 1).unwrap(), len);
+        assert_eq!(cache.len(layer, batch - 1).unwrap(), len);
     }
 }
 
@@ -396,8 +398,16 @@ fn prefill_kernel_of_rotated_and_qjl_codecs_matches_the_reference() {
     // per-block scales, QJL's signs as a second block of the query row; rows per group 4
     // (D 128), 3 (rotor's 160-wide rows at D 128), 2 (D 256) and 1 (rotor at D 256; QJL at
     // D 256); GQA 7, 4, 2, 1; batch 3.
-    check(tiled(spec("turbo3_sym", 96, 7, 1, 1, 300)), 40, &[2, 17, 64]);
-    check(tiled(spec("k=iso3b+qjl,v=rotor4", 64, 4, 2, 2, 800)), 3, &[5, 600]);
+    check(
+        tiled(spec("turbo3_sym", 96, 7, 1, 1, 300)),
+        40,
+        &[2, 17, 64],
+    );
+    check(
+        tiled(spec("k=iso3b+qjl,v=rotor4", 64, 4, 2, 2, 800)),
+        3,
+        &[5, 600],
+    );
     check(tiled(spec("k_rotor3", 128, 8, 2, 3, 300)), 64, &[3, 8, 129]);
     check(tiled(spec("iso4_sym", 256, 4, 2, 1, 300)), 70, &[33]);
     check(tiled(spec("rotor3_sym", 256, 2, 2, 1, 300)), 70, &[20]);
@@ -426,8 +436,17 @@ fn the_prefill_kernel_serves_only_the_caches_it_is_written_for() {
     // (tests/exact.rs checks their chunks), and so does a query row wider than its tile.
     let c = |s: CacheSpec| KvCache::new(ctx(), s).expect("cache").layout().prefill;
     assert_eq!(c(spec("none", 128, 8, 2, 1, 64)), None);
-    assert_eq!(c(spec("none", 128, 8, 2, 1, 64).with_prefill_from(48)), Some((32, 48)));
-    assert_eq!(c(tiled(spec("rotor3_sym", 128, 8, 2, 1, 64))), Some((24, 1)));
-    assert_eq!(c(tiled(spec("none", 128, 8, 2, 1, 64)).with_exact(4, 0)), None);
+    assert_eq!(
+        c(spec("none", 128, 8, 2, 1, 64).with_prefill_from(48)),
+        Some((32, 48))
+    );
+    assert_eq!(
+        c(tiled(spec("rotor3_sym", 128, 8, 2, 1, 64))),
+        Some((24, 1))
+    );
+    assert_eq!(
+        c(tiled(spec("none", 128, 8, 2, 1, 64)).with_exact(4, 0)),
+        None
+    );
     assert_eq!(c(tiled(spec("k_rotor3+qjl", 256, 8, 2, 1, 64))), None);
 }

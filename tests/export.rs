@@ -183,6 +183,12 @@ fn scenarios_cover_every_gpu_codec_both_paths_and_the_shapes() {
     let chunks: Vec<_> = sc.iter().filter(|s| s.path == StepPath::Chunk).collect();
     assert!(chunks.iter().any(|s| s.spec.window.is_some()));
     assert!(chunks.iter().any(|s| s.spec.codecs.k.qjl));
+    assert!(chunks.iter().any(|s| s.spec.prefill_from.is_some()));
+    assert!(
+        chunks
+            .iter()
+            .any(|s| s.spec.prefill_from.is_some() && s.spec.codecs.k.qjl)
+    );
     for path in [StepPath::Separate, StepPath::Fused] {
         for t in [InputType::F32, InputType::F16] {
             assert!(sc.iter().any(|s| s.path == path && s.step_input == t));
@@ -411,7 +417,7 @@ fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
 }
 
 /// The grid a manifest's `grid` terms give for a plan's `grid_shape` and one dispatch's
-/// `wide_groups` and `queries`: the manifest read as a host would read it, not kvq's own
+/// `wide_groups`, `queries`, `query_groups` and `row_tiles`: the manifest read as a host would read it, not kvq's own
 /// rule code.
 fn grid_from_manifest(
     terms: &serde_json::Value,
@@ -437,6 +443,7 @@ fn grid_from_manifest(
             "wide_groups" => per_dispatch("wide_groups"),
             "queries" => per_dispatch("queries"),
             "query_groups" => per_dispatch("query_groups"),
+            "row_tiles" => per_dispatch("row_tiles"),
             other => panic!("a grid term no host knows: {other}"),
         })
         .collect()

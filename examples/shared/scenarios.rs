@@ -109,7 +109,8 @@ pub fn scenarios() -> Vec<Scenario> {
         }
     }
     // Chunks of new tokens attended causally, on three of those caches: an int V, a ring
-    // (whose window leaves the chunk its slack), a QJL K.
+    // (whose window leaves the chunk its slack), a QJL K; each by the chunk's split kernel
+    // and by the prefill kernel.
     let picks = [
         0,
         out.iter()
@@ -127,7 +128,13 @@ pub fn scenarios() -> Vec<Scenario> {
             .replace(&format!("-{}", path_name(sc.path)), "-chunk");
         sc.path = StepPath::Chunk;
         sc.seed = 5000 + n as u64;
+        // The same chunks of the same data through the prefill kernel (a QJL K's queries
+        // rotated first).
+        let mut tiled = sc.clone();
+        tiled.spec.prefill_from = Some(1);
+        tiled.name = tiled.name.replace("-chunk", "-prefill");
         out.push(sc);
+        out.push(tiled);
     }
     // Exact tokens (sink and ring) on three caches without a window, one per path, two with
     // K's mean removed: the sink completed by the prefill (small or wide append), the ring

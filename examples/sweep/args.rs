@@ -8,7 +8,7 @@ use crate::codec_list::split_codecs;
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
-             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
@@ -62,6 +62,9 @@ pub struct Args {
     /// `--exact SINK,RECENT[,kmean]`: every cache keeps those tokens exact
     /// (`CacheSpec::with_exact`), and with `kmean` removes K's mean (`ExactTokens::k_mean`).
     pub exact: kvq::ExactTokens,
+    /// `--prefill-from N`: chunk slices of at least N new tokens per sequence take the
+    /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning.
+    pub prefill_from: Option<u32>,
 }
 
 impl Args {
@@ -102,6 +105,7 @@ impl Default for Args {
             replot: None,
             mem_budget: None,
             exact: kvq::ExactTokens::NONE,
+            prefill_from: None,
         }
     }
 }
@@ -164,6 +168,7 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         }
         "--busy" => a.busy_ms = Some(num(&val)?),
         "--splits" => a.splits = Some(num(&val)?),
+        "--prefill-from" => a.prefill_from = Some(num(&val)?.max(1)),
         "--batch" => {
             a.batch = num(&val)?;
             if a.batch == 0 {

@@ -42,6 +42,9 @@ pub struct Row {
     pub batch: u32,
     /// New tokens per sequence per step.
     pub queries: u32,
+    /// The kernel that attends the step's queries: `step` (one new token: the fused step),
+    /// `split` (a chunk, its split kernel) or `prefill` (a chunk, the prefill kernel).
+    pub kernel: &'static str,
     /// The point's figure (GPU ms where timed, else step ms) in each round, in round order:
     /// the timing fields above are the medians of the rounds' medians.
     pub rounds: Vec<f64>,
@@ -240,6 +243,7 @@ impl PointRun<'_> {
         spec.exact = args.exact;
         spec.splits = args.splits;
         spec.workgroup = args.wg;
+        spec.prefill_from = args.prefill_from;
         self.status("allocating");
         let mut cache = KvCache::new(self.ctx, spec).map_err(|e| Skip::Skipped(e.to_string()))?;
         self.status("filling");
@@ -279,6 +283,11 @@ impl PointRun<'_> {
             splits: l.splits,
             batch: args.batch,
             queries: self.queries,
+            kernel: match l.prefill {
+                _ if self.queries == 1 => "step",
+                Some((_, from)) if self.queries.min(kvq::CHUNK_SLICE_TOKENS) >= from => "prefill",
+                _ => "split",
+            },
             rounds: vec![t.gpu_ms.unwrap_or(t.host_ms)],
         })
     }

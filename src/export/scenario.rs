@@ -536,11 +536,16 @@ fn limits(
         .flat_map(|d| d.workgroups)
         .max()
         .unwrap_or(1);
+    // The prefill kernel's tiles where the plan dispatches it.
+    let prefill = rec.pipelines.iter().any(|p| p.entry_point == "prefill");
+    let wg_bytes = match prefill {
+        true => cfg
+            .split_workgroup_bytes()?
+            .max(cfg.prefill_workgroup_bytes()?),
+        false => cfg.split_workgroup_bytes()?,
+    };
     Ok(vec![
-        (
-            "maxComputeWorkgroupStorageSize",
-            cfg.split_workgroup_bytes()? as u64,
-        ),
+        ("maxComputeWorkgroupStorageSize", wg_bytes as u64),
         ("maxStorageBuffersPerShaderStage", max_storage),
         ("maxStorageBufferBindingSize", max_buffer),
         ("maxBufferSize", max_buffer),

@@ -301,11 +301,10 @@ impl KernelConfig {
 
     /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not
     /// serve this cache: one with exact tokens (the chunk kernel attends them), or a query
-    /// row too wide for one row per row group (a rotor K with QJL at head_dim 256).
+    /// row too wide for one row per row group (a QJL K beside a rotor side at head_dim 256).
     pub(crate) fn prefill_rows(&self) -> Option<u32> {
         let t = self.prefill_tile();
-        (!self.exact.any() && t.rows_per_group > 0)
-            .then_some(PREFILL_ROW_GROUPS * t.rows_per_group)
+        (!self.exact.any() && t.rows_per_group > 0).then_some(PREFILL_ROW_GROUPS * t.rows_per_group)
     }
 
     /// The WGSL of `module` for this configuration.
@@ -711,7 +710,7 @@ const CODE_GROUPS: u32 = 8;
 
 #[cfg(test)]
 mod tests {
-    use super::{KernelConfig, k_unroll};
+    use super::{KernelConfig, PREFILL_QUERY_FLOATS, PREFILL_ROW_GROUPS, k_unroll};
     use crate::KvCodecs;
 
     fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
@@ -830,6 +829,47 @@ mod tests {
         ] {
             let c = cfg(codecs, 128);
             assert!(c.split_workgroup_bytes().unwrap() <= 12 * 1024, "{codecs}");
+        }
+    }
+
+    #[test]
+    fn prefill_tiles_fit_the_workgroup_memory_kvq_asks_for_at_every_shape() {
+        // The query tile takes up to 16 KiB, the K/V tile 4 KiB, the weights 8 KiB: with the
+        // level tables and the exchange array every served shape stays within 32 KiB.
+        for codecs in [
+            "none",
+            "q8_sym",
+            "k_q4",
+            "turbo3_sym",
+            "k_iso3",
+            "rotor3_sym",
+            "iso4b_sym",
+            "k_turbo3+qjl",
+            "k=iso3b+qjl,v=rotor4",
+            "k_rotor3+qjl",
+        ] {
+            for d in [64, 96, 128, 256] {
+                for g in [1, 8] {
+                    let mut c = cfg(codecs, d);
+                    c.gqa = g;
+                    let t = c.prefill_tile();
+                    assert!(t.query_width.is_multiple_of(32), "{codecs} d={d}");
+                    assert!(t.value_keys.is_power_of_two() && t.value_keys <= 64);
+                    match c.prefill_rows() {
+                        Some(rows) => {
+                            assert!(rows <= 32 && rows.is_multiple_of(PREFILL_ROW_GROUPS));
+                            let b = c.prefill_workgroup_bytes().unwrap();
+                            assert!(b <= 32 * 1024, "{codecs} d={d} g={g}: {b} bytes");
+                        }
+                        // Only QJL beside a rotor side at D 256 (its 288 padded codes and
+                        // S q's 256 values a query row).
+                        None => {
+                            assert!(t.query_width > PREFILL_QUERY_FLOATS / PREFILL_ROW_GROUPS);
+                            assert!(codecs.contains("qjl") && codecs.contains("rotor") && d == 256);
+                        }
+                    }
+                }
+            }
         }
     }
 }
