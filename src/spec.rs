@@ -128,8 +128,8 @@ pub struct CacheSpec {
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
     /// [`crate::tuning`] entry's (no adapter has measured it yet: none), `Some(u32::MAX)`
     /// never. Both kernels compute the same attention; this only chooses the faster one. A
-    /// cache the prefill kernel does not serve (exact tokens; a QJL K beside a rotor side at
-    /// head_dim 256, whose query rows pass its tile) always takes the split kernel.
+    /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
+    /// whose query rows pass its tile) always takes the split kernel.
     pub prefill_from: Option<u32>,
 }
 

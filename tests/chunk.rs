@@ -432,8 +432,8 @@ fn prefill_kernel_over_a_sliding_window_and_segments_matches_the_reference() {
 
 #[test]
 fn the_prefill_kernel_serves_only_the_caches_it_is_written_for() {
-    // A threshold picks it from that many new tokens on; exact tokens keep the split kernel
-    // (tests/exact.rs checks their chunks), and so does a query row wider than its tile.
+    // A threshold picks it from that many new tokens on; a query row wider than its tile
+    // keeps the split kernel.
     let c = |s: CacheSpec| KvCache::new(ctx(), s).expect("cache").layout().prefill;
     assert_eq!(c(spec("none", 128, 8, 2, 1, 64)), None);
     assert_eq!(
@@ -446,7 +446,7 @@ fn the_prefill_kernel_serves_only_the_caches_it_is_written_for() {
     );
     assert_eq!(
         c(tiled(spec("none", 128, 8, 2, 1, 64)).with_exact(4, 0)),
-        None
+        Some((32, 1))
     );
     assert_eq!(c(tiled(spec("k_rotor3+qjl", 256, 8, 2, 1, 64))), None);
 }

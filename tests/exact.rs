@@ -358,17 +358,27 @@ fn exact_tokens_with_segments_and_fused_steps() {
 /// longer than a slice (appended and attended slice by slice) across storage segments.
 #[test]
 fn exact_tokens_in_chunks() {
-    for (name, n, seg) in [
-        ("q4_sym", 5usize, None),
-        ("turbo4_sym", 20, None),
-        ("k_iso3", 3, None),
-        ("k=q8,v=turbo3", 150, Some(64)),
-    ] {
+    // Each chunk by the split kernel and by the prefill kernel (its exact workgroup attends
+    // the sink and the ring, its code workgroups mask each row's ring); a sink without a
+    // ring too.
+    for ((name, n, seg, recent), prefill) in [
+        ("q4_sym", 5usize, None, 6),
+        ("turbo4_sym", 20, None, 6),
+        ("k_iso3", 3, None, 6),
+        ("k=q8,v=turbo3", 150, Some(64), 6),
+        ("k_turbo3+qjl", 70, None, 0),
+    ]
+    .into_iter()
+    .flat_map(|c| [(c, false), (c, true)])
+    {
         let mut spec = CacheSpec::new(1, 8, 2, 64, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
             .with_splits(2)
-            .with_exact(2, 6);
+            .with_exact(2, recent);
         spec.segment_tokens = seg;
+        if prefill {
+            spec = spec.with_prefill_from(1);
+        }
         let mut c = Checked::new(spec, 11);
         c.append(0, 40);
         let (k, v) = c.tokens(n);
@@ -392,7 +402,10 @@ fn exact_tokens_in_chunks() {
             );
             worst = worst.max(rel_err(&out[i * per_q..(i + 1) * per_q], &want));
         }
-        assert!(worst <= TOL, "{name} n={n}: rel err {worst:e}");
+        assert!(
+            worst <= TOL,
+            "{name} n={n} (prefill kernel: {prefill}): rel err {worst:e}"
+        );
     }
 }
 
@@ -482,18 +495,24 @@ fn k_mean_in_fused_steps() {
 /// back) against the reference.
 #[test]
 fn k_mean_in_chunks() {
-    for (name, pre, n) in [
+    for ((name, pre, n), prefill) in [
         ("k_iso3", 1usize, 20usize),
         ("turbo4_sym", 0, 7),
         ("q4_sym", 30, 5),
         ("k_rotor3", 2, 100),
-    ] {
-        let spec = CacheSpec::new(1, 8, 2, 64, 200)
+    ]
+    .into_iter()
+    .flat_map(|c| [(c, false), (c, true)])
+    {
+        let mut spec = CacheSpec::new(1, 8, 2, 64, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
             .with_splits(2)
             .with_batch(2)
             .with_exact(4, 6)
             .with_k_mean();
+        if prefill {
+            spec = spec.with_prefill_from(1);
+        }
         let mut c = Checked::new(spec, 23);
         if pre > 0 {
             c.append(0, pre);
@@ -537,10 +556,13 @@ fn k_mean_in_chunks() {
                 }
             }
         }
-        assert!(worst <= TOL, "{name} n={n}: rel err {worst:e}");
+        assert!(
+            worst <= TOL,
+            "{name} n={n} (prefill: {prefill}): rel err {worst:e}"
+        );
         assert!(
             worst_lse <= TOL,
-            "{name} n={n}: log-sum-exp error {worst_lse:e}"
+            "{name} n={n} (prefill: {prefill}): log-sum-exp error {worst_lse:e}"
         );
         let e = c.check_k_codes(0);
         assert!(e <= CODE_TOL, "{name} n={n}: K codes off by {e:e}");

@@ -300,11 +300,11 @@ impl KernelConfig {
     }
 
     /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not
-    /// serve this cache: one with exact tokens (the chunk kernel attends them), or a query
-    /// row too wide for one row per row group (a QJL K beside a rotor side at head_dim 256).
+    /// serve this cache: a query row too wide for one row per row group (a QJL K beside a
+    /// rotor side at head_dim 256).
     pub(crate) fn prefill_rows(&self) -> Option<u32> {
         let t = self.prefill_tile();
-        (!self.exact.any() && t.rows_per_group > 0).then_some(PREFILL_ROW_GROUPS * t.rows_per_group)
+        (t.rows_per_group > 0).then_some(PREFILL_ROW_GROUPS * t.rows_per_group)
     }
 
     /// The WGSL of `module` for this configuration.

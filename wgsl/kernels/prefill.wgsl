@@ -13,6 +13,8 @@
 // Rows are (token, head) pairs of the slice: row r is its token r / G, head r % G of the
 // group. A rotated K's queries are rotated first, by `prefill_q` (the split kernel's own
 // rotation, into scratch after the slice's partials), so the tile loads them as they are.
+// With exact tokens, one more workgroup per row tile attends them as exact_partial does
+// (f16 rows in the caller's domain, K less its mean), the same tile loop over other loads.
 #unroll $i PRB
 #unroll $j PKT
 #unroll $u PVU
@@ -46,11 +48,15 @@ fn prefill_q_row(b: u32, z: u32, qh: u32) -> u32 {
     return (b * chunk.count + z) * QH + qh;
 }
 
-// vec4 c of row r's query (of KV head h): rotated by prefill_q, or scaled from q_in.
-fn prefill_query(b: u32, h: u32, r: u32, c: u32) -> vec4<f32> {
+// vec4 c of row r's query (of KV head h): rotated by prefill_q, or scaled from q_in (`plain`:
+// in the caller's domain whatever K's codec, for the exact tokens).
+fn prefill_query(b: u32, h: u32, r: u32, c: u32, plain: bool) -> vec4<f32> {
     let qh = h * G + r % G;
-    if K_ROTATED {
+    if K_ROTATED && !plain {
         return part[prefill_q_base() + prefill_q_row(b, r / G, qh) * PQW4 + c];
+    }
+    if c >= D / 4u {
+        return vec4<f32>(0.0);
     }
     let o = ((b * chunk.n + chunk.first + r / G) * QH + qh) * D + 4u * c;
     return vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
@@ -84,10 +90,21 @@ fn prefill_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
     }
 }
 
-// Dispatch (KVH * B, NSPLIT + 1, ceil(count G / PBR)) per segment, then the reduce: workgroup
-// (s, z) attends the rows PBR z .. of one KV head over split s of the positions the tile's
-// rows attend in this segment (whole 64-key tiles), each row masked to its own causal end and
-// window.
+#if EXACT
+var<workgroup> pxlo_sh: u32;
+
+// Position of the exact workgroup's u-th position: the sink's ns, then the ring's from rl.
+fn px_pos(u: u32, ns: u32, rl: u32) -> u32 {
+    return select(rl + u - ns, u, u < ns);
+}
+#endif
+
+// Dispatch (KVH * B, NSPLIT + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
+// the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
+// positions the tile's rows attend in this segment (whole 64-key tiles), each row masked to
+// its own causal end and window; with exact tokens, the codes up to each row's ring start,
+// and the first segment's workgroup NSPLIT + 1 the exact rows (f16, in the caller's domain,
+// into the exact slot, as exact_partial).
 @compute @workgroup_size(PWG)
 fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let s = wid.y;
@@ -97,11 +114,19 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let rb = wid.z * PBR;
     let tr = lid / PTK;
     let tk = lid % PTK;
+    // The exact workgroup (uniform): only the first segment's attends.
+    let xw = EXACT && s == NSPLIT + 1u;
+    if xw && seg.split_base != 0u {
+        return;
+    }
+    // Query and value widths in vec4s: the codes', or D for the exact rows.
+    let qw4 = select(PQW4, D / 4u, xw);
+    let vw4 = select(PV4, D / 4u, xw);
     for (var i = lid; i < PBR * PQW4; i += PWG) {
         let r = rb + i / PQW4;
         var x = vec4<f32>(0.0);
         if r < rows {
-            x = prefill_query(b, h, r, i % PQW4);
+            x = prefill_query(b, h, r, i % PQW4, xw);
         }
         pq_sh[i] = x;
     }
@@ -117,15 +142,43 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let base = len - chunk.appended + chunk.first;
     let e_lo = base + rb / G + 1u;
     let e_hi = base + (min(rb + PBR, rows) - 1u) / G + 1u;
-    let lo = e_lo - min(e_lo, WIN);
-    let runs = seg_runs(lo, e_hi, seg);
-    let stored = runs.y + runs.z;
-    let per = ((stored + NSPLIT) / (NSPLIT + 1u) + PBC - 1u) / PBC * PBC;
-    let start = min(s * per, stored);
-    let end = min(start + per, stored);
-    let row0 = seg_row(b, h, seg.seg_start, seg);
     // This invocation's rows (of its row group) and their causal ends.
     let e$i = base + (rb + tr * PRB + $iu) / G + 1u;
+#if EXACT
+    if lid == 0u {
+        pxlo_sh = x_at(b);
+    }
+    let xlo = workgroupUniformLoad(&pxlo_sh);
+#if KMEAN
+    // The codes hold K less its mean: the exact rows are scored less it too.
+    x_load_mean(lid, b, h, len, len);
+    workgroupBarrier();
+#endif
+    // Codes from the sink's end up to each row's ring start (the exact workgroup attends the
+    // rest): the tile's range ends at its last row's.
+    let lo = min(SINK, e_hi);
+    let hi = min(e_hi, max(SINK, x_ring_lo(xlo, e_hi)));
+    let xend$i = x_ring_lo(xlo, e$i);
+    // The exact rows: the sink's ns positions, then the ring's from rl (the first row's ring
+    // start; each row masks its own).
+    let ns = min(SINK, e_hi);
+    let rl = max(ns, x_ring_lo(xlo, e_lo));
+#else
+    let lo = e_lo - min(e_lo, WIN);
+    let hi = e_hi;
+#endif
+    let runs = seg_runs(lo, hi, seg);
+    let stored = runs.y + runs.z;
+    let per = ((stored + NSPLIT) / (NSPLIT + 1u) + PBC - 1u) / PBC * PBC;
+    var start = min(s * per, stored);
+    var end = min(start + per, stored);
+#if EXACT
+    if xw {
+        start = 0u;
+        end = ns + (e_hi - rl);
+    }
+#endif
+    let row0 = seg_row(b, h, seg.seg_start, seg);
     var m$i = NEG;
     var l$i = 0.0;
     var o$i$u = vec4<f32>(0.0);
@@ -135,12 +188,23 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         // Scores: K decoded PKC vec4 columns at a time (lanes past the tile decode its last
         // key, masked below).
         var s$i$j = 0.0;
-        for (var cc = 0u; cc < PQW4; cc += PKC) {
+        for (var cc = 0u; cc < qw4; cc += PKC) {
             // The previous pass (or tile's V rows) has been read.
             workgroupBarrier();
             for (var x = lid; x < PBC * PKC; x += PWG) {
-                let key = x % PBC;
-                pkv_sh[x] = k_dec4(row0 + run_slot(t0 + min(key, tn - 1u), runs), cc + x / PBC);
+                let u = t0 + min(x % PBC, tn - 1u);
+                let c = cc + x / PBC;
+#if EXACT
+                if xw {
+                    var k = x_load(b, h, px_pos(u, ns, rl), 0u, c);
+#if KMEAN
+                    k -= xmu_sh[c];
+#endif
+                    pkv_sh[x] = k;
+                    continue;
+                }
+#endif
+                pkv_sh[x] = k_dec4(row0 + run_slot(u, runs), c);
             }
             workgroupBarrier();
             for (var c = 0u; c < PKC; c++) {
@@ -149,8 +213,20 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 s$i$j = fma4(s$i$j, q$i, k$j);
             }
         }
+#if EXACT
+        var pos$j: u32;
+        var ok$i$j: bool;
+        if xw {
+            pos$j = px_pos(t0 + tk + $ju * PTK, ns, rl);
+            ok$i$j = tk + $ju * PTK < tn && pos$j < e$i && (pos$j < SINK || pos$j >= xend$i);
+        } else {
+            pos$j = run_pos(t0 + tk + $ju * PTK, runs, lo, seg);
+            ok$i$j = tk + $ju * PTK < tn && pos$j < xend$i;
+        }
+#else
         let pos$j = run_pos(t0 + tk + $ju * PTK, runs, lo, seg);
         let ok$i$j = tk + $ju * PTK < tn && pos$j < e$i && pos$j >= e$i - min(e$i, WIN);
+#endif
         // Online softmax per row: the lanes of a row group exchange their maxima, so every lane
         // of the group derives the same max (and the same rescale of its outputs).
         var mx = vec4<f32>(NEG);
@@ -177,7 +253,17 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         for (var vb = 0u; vb < tn; vb += PVK) {
             // The weights are written, the previous V rows (or the last K pass) read.
             workgroupBarrier();
-            for (var x = lid; x < PVK * VC; x += PWG) {
+#if EXACT
+            if xw {
+                for (var x = lid; x < PVK * (D / 4u); x += PWG) {
+                    let key = x / (D / 4u);
+                    let c = x % (D / 4u);
+                    let p = px_pos(t0 + min(vb + key, tn - 1u), ns, rl);
+                    pkv_sh[key * PV4 + c] = x_load(b, h, p, XV, c);
+                }
+            }
+#endif
+            for (var x = lid; x < select(PVK * VC, 0u, xw); x += PWG) {
                 let key = x / VC;
                 let c = x % VC;
                 let row = row0 + run_slot(t0 + min(vb + key, tn - 1u), runs);
@@ -213,7 +299,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     }
     let part_ml = chunk.count * PART_ML;
     let ri$i = rb + tr * PRB + $iu;
-    let at$i = prefill_q_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + seg.split_base + s;
-    if ri$i < rows && tk + $uu * PTK < PV4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
+    // (The exact rows' slot is the last, SPLITS_TOTAL; their outputs are D wide.)
+    let slot = select(seg.split_base + s, SPLITS_TOTAL, xw);
+    let at$i = prefill_q_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + slot;
+    if ri$i < rows && tk + $uu * PTK < vw4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
     if ri$i < rows && tk == 0u { part[part_ml + at$i] = vec4<f32>(m$i, lt[$iu], 0.0, 0.0); }
 }
