@@ -2,13 +2,14 @@
 # A/B on the H200 device machine: runs every sweep binary in bench/bin/ (built here from the
 # commits under test, stripped) with the same arguments, interleaved ROUNDS times, so drift
 # between runs shows up as spread rather than as a difference.
-# Usage: ROUNDS=2 [EXTRA='--splits 128'] bash bench/ab.sh OUTDIR [sweep args...]
+# Usage: ROUNDS=2 [EXTRA='--splits 128'] [BINS=bench/bin] bash bench/ab.sh OUTDIR [sweep args...]
+# (BINS: the folder of binaries and wrapper scripts to interleave, bench/bin by default.)
 set -u
 out=${1:?outdir}; shift
 . "$(dirname "$0")/vulkan-env.sh"
 nvidia-smi -L > "$out/device.txt"
 for r in $(seq 1 "${ROUNDS:-1}"); do
-  for bin in bench/bin/*; do
+  for bin in "${BINS:-bench/bin}"/*; do
     name=$(basename "$bin")
     echo "== round $r $name $*"
     "$bin" "$@" ${EXTRA:-} --csv "$out/$name-r$r.csv" > "$out/$name-r$r.log" 2>&1

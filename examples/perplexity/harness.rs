@@ -68,6 +68,9 @@ pub struct Setup {
     pub tokens: Vec<u32>,
     /// kvq's device.
     pub ctx: GpuContext,
+    /// Chunk slices of at least this many tokens take kvq's prefill kernel
+    /// (`CacheSpec::prefill_from`); None: the adapter's tuning.
+    pub prefill_from: Option<u32>,
 }
 
 /// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root
@@ -116,7 +119,12 @@ impl Setup {
         }
         tokens.truncate(n);
         let ctx = GpuContext::new().map_err(|e| e.to_string())?;
-        Ok(Setup { model, tokens, ctx })
+        Ok(Setup {
+            model,
+            tokens,
+            ctx,
+            prefill_from: None,
+        })
     }
 
     /// Runs the forward with `cache`; `progress` is called after each layer.
@@ -136,7 +144,8 @@ impl Setup {
                     c.k.bits_per_value(d) + extra + mean,
                     c.v.bits_per_value(d) + extra,
                 );
-                let a = Kvq::new(&self.ctx, cfg, c, x, self.tokens.len() as u32)?;
+                let n = self.tokens.len() as u32;
+                let a = Kvq::new(&self.ctx, cfg, c, x, n, self.prefill_from)?;
                 (Box::new(a) as Box<dyn Attention>, bits)
             }
             Cache::Kvq(c) | Cache::Sim(c, _) => {
@@ -157,6 +166,7 @@ impl Setup {
                         c,
                         ExactTokens::NONE,
                         self.tokens.len() as u32,
+                        self.prefill_from,
                     )?),
                 };
                 (a, bits)

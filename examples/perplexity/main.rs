@@ -61,6 +61,8 @@ const USAGE: &str =
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
                  recentN keeps exact, no longer count
+  --prefill-from N  attend chunk slices of at least N tokens with kvq's prefill kernel
+                 (CacheSpec::prefill_from; default: the adapter's tuning)
   --levers-only  run only the lever rows (and exact, none): not the codecs' GPU rows
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
   --plot FILE    KL divergence against stored bits per value, SVG
@@ -84,6 +86,7 @@ struct Args {
     csv: Option<PathBuf>,
     plot: Option<PathBuf>,
     replot: Option<PathBuf>,
+    prefill_from: Option<u32>,
 }
 
 impl Args {
@@ -116,6 +119,7 @@ fn parse_args() -> Result<Args, String> {
         csv: None,
         plot: None,
         replot: None,
+        prefill_from: None,
     };
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
@@ -156,6 +160,10 @@ fn parse_args() -> Result<Args, String> {
                         k_mean,
                     });
                 }
+            }
+            "--prefill-from" => {
+                let n: u32 = val.parse().map_err(|_| format!("bad --prefill-from {val}"))?;
+                a.prefill_from = Some(n.max(1));
             }
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
@@ -430,11 +438,12 @@ fn run(args: &Args) -> Result<(), String> {
         );
         return plot(p, &csv_points(csv)?, &title).map_err(|e| format!("{}: {e}", p.display()));
     }
-    let setup = Setup::new(
+    let mut setup = Setup::new(
         &harness::model_path(args.model.clone())?,
         &args.text,
         args.tokens,
     )?;
+    setup.prefill_from = args.prefill_from;
     let cfg = &setup.model.cfg;
     let device = format!("{} ({:?})", setup.ctx.info.name, setup.ctx.info.backend);
     eprintln!(

@@ -169,6 +169,13 @@ pub fn scenarios() -> Vec<Scenario> {
         );
         sc.path = path;
         sc.seed = 7000 + n as u64;
+        if path == StepPath::Chunk {
+            // The exact chunk through the prefill kernel too, on the same data.
+            let mut tiled = sc.clone();
+            tiled.spec.prefill_from = Some(1);
+            tiled.name = tiled.name.replace("-chunk", "-prefill");
+            out.push(tiled);
+        }
         out.push(sc);
     }
     out
