@@ -162,7 +162,9 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--prefill-from" => {
-                let n: u32 = val.parse().map_err(|_| format!("bad --prefill-from {val}"))?;
+                let n: u32 = val
+                    .parse()
+                    .map_err(|_| format!("bad --prefill-from {val}"))?;
                 a.prefill_from = Some(n.max(1));
             }
             "--csv" => a.csv = Some(val.into()),
