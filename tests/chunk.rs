@@ -345,7 +345,7 @@ fn chunks_write_each_rows_log_sum_exp_where_asked() {
                     let at = (b * n as usize + i) * spec.q_heads as usize + qh;
                     let r = (b * n as usize + i) * qrow + qh * d as usize;
                     let want = lse_over_rows(&spec, &krows, b, &slots, qh, &q[r..r + d as usize]);
-                    worst = worst.max((lse[at] as f64 - want).abs() / want.abs().max(1.0));
+                    worst = worst.max(common::lse_err(lse[at], want));
                 }
             }
         }

@@ -152,9 +152,10 @@ impl KvCache {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.chunk()?.clone();
-        let prefill = match self.layout.prefill {
-            Some(_) => Some(self.pipes.prefill()?.clone()),
-            None => None,
+        // Only where a slice takes it (chunk_io built it then: recording compiles nothing).
+        let prefill = match io.slices.iter().any(|s| s.row_tiles.is_some()) {
+            true => Some(self.pipes.prefill()?.clone()),
+            false => None,
         };
         // The whole chunk is reserved first: a chunk that would pass the capacity records
         // nothing.

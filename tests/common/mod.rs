@@ -79,7 +79,19 @@ pub fn attend_poisoned(cache: &KvCache, layer: u32, q: &[f32]) -> Vec<f32> {
     out
 }
 
-/// Max |a - b| / max |b|.
+/// |got - want| / max(|want|, 1), infinite where `got` is NaN or infinite (a log-sum-exp's
+/// error).
+pub fn lse_err(got: f32, want: f64) -> f64 {
+    let d = (got as f64 - want).abs();
+    if d.is_finite() {
+        d / want.abs().max(1.0)
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Max |a - b| / max |b|; infinite where any GPU value is NaN or infinite (`f64::max` would
+/// drop a NaN, and the poisoned outputs are NaN).
 pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
     assert_eq!(gpu.len(), reference.len());
     let scale = reference
@@ -88,7 +100,10 @@ pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
         .max(1e-30);
     gpu.iter()
         .zip(reference)
-        .map(|(&a, &b)| (a as f64 - b).abs())
+        .map(|(&a, &b)| {
+            let d = (a as f64 - b).abs();
+            if d.is_finite() { d } else { f64::INFINITY }
+        })
         .fold(0.0, f64::max)
         / scale
 }

@@ -114,9 +114,10 @@ fn k_scores(row: u32) {
 }
 
 // The prefill kernel's K tile: coordinates 4c .. 4c + 3 of the row's scoring domain, which
-// the query tile matches (kernels/prefill.wgsl): the codes' levels times their scale (zeros
-// past n_codes, where the rotated query is padded with zeros), then with QJL, from RW on,
-// the residual's signs times the estimator's coefficient, against S q.
+// the query tile matches (kernels/prefill.wgsl): the codes' levels times their scale (past
+// n_codes, where the rotated query is padded with zeros, finite values: zeros from the first
+// whole vec4 on, padding bits' levels in the one that straddles it), then with QJL, from RW
+// on, the residual's signs times the estimator's coefficient, against S q.
 fn k_dec4(row: u32, c: u32) -> vec4<f32> {
     let base = (row - row % KB) * K_WORDS + row % KB;
     if c < RW / 4u {

@@ -30,11 +30,16 @@ const XE: u32 = SINK + XRING;
 // Words from a K row to the same slot's V row.
 const XV: u32 = B * KVH * XE * (D / 2u);
 
+// (Without a ring, a position past the sink reads the last sink row: the attention kernels
+// load the rows of masked positions too, which must stay inside the region and finite.)
 fn x_slot(p: u32) -> u32 {
     if p < SINK {
         return p;
     }
-    return SINK + (p - SINK) % max(XRING, 1u);
+    if XRING == 0u {
+        return XE - 1u;
+    }
+    return SINK + (p - SINK) % XRING;
 }
 
 // First word of position p's K row (sequence b, KV head h); its V row is XV words on.
