@@ -31,7 +31,8 @@ const XE: u32 = SINK + XRING;
 const XV: u32 = B * KVH * XE * (D / 2u);
 
 // (Without a ring, a position past the sink reads the last sink row: the attention kernels
-// load the rows of masked positions too, which must stay inside the region and finite.)
+// load the rows of masked positions too, which must stay inside the region and finite. The
+// max keeps naga's constant evaluation from seeing a division by zero there.)
 fn x_slot(p: u32) -> u32 {
     if p < SINK {
         return p;
@@ -39,7 +40,7 @@ fn x_slot(p: u32) -> u32 {
     if XRING == 0u {
         return XE - 1u;
     }
-    return SINK + (p - SINK) % XRING;
+    return SINK + (p - SINK) % max(XRING, 1u);
 }
 
 // First word of position p's K row (sequence b, KV head h); its V row is XV words on.
