@@ -90,24 +90,20 @@ pub(super) fn plan(
     };
     // GPU codecs, the shape rules (again, for what the tuning chose) and every count.
     cfg.check()?;
-    let wg_bytes = cfg.split_workgroup_bytes()?;
-    if wg_bytes > limits.max_compute_workgroup_storage_size {
-        return Err(too_weak(
-            "max_compute_workgroup_storage_size".into(),
-            wg_bytes as u64,
-            limits.max_compute_workgroup_storage_size as u64,
-        ));
-    }
+    // Each kernel's workgroup memory within the adapter's limit.
+    let fits_workgroup = |what: &str, bytes: u32| {
+        let have = limits.max_compute_workgroup_storage_size;
+        match bytes > have {
+            true => Err(too_weak(what.into(), bytes as u64, have as u64)),
+            false => Ok(()),
+        }
+    };
+    let what = "max_compute_workgroup_storage_size";
+    fits_workgroup(what, cfg.split_workgroup_bytes()?)?;
     // The prefill kernel where the cache asks for it and it serves the cache.
     if let (Some(rows), Some(from)) = (cfg.prefill_rows(), tuning.prefill_from(spec)) {
-        let bytes = cfg.prefill_workgroup_bytes()?;
-        if bytes > limits.max_compute_workgroup_storage_size {
-            return Err(too_weak(
-                "max_compute_workgroup_storage_size (the prefill kernel)".into(),
-                bytes as u64,
-                limits.max_compute_workgroup_storage_size as u64,
-            ));
-        }
+        let what = "max_compute_workgroup_storage_size (the prefill kernel)";
+        fits_workgroup(what, cfg.prefill_workgroup_bytes()?)?;
         layout.prefill = Some((rows, from.max(1)));
     }
     // The store is split to fit a binding; the decode scratch and the constants are one
