@@ -283,9 +283,9 @@ impl PointRun<'_> {
             splits: l.splits,
             batch: args.batch,
             queries: self.queries,
-            kernel: match l.prefill {
+            kernel: match inputs.chunk_io.first() {
                 _ if self.queries == 1 => "step",
-                Some((_, from)) if self.queries.min(kvq::CHUNK_SLICE_TOKENS) >= from => "prefill",
+                Some(io) if io.prefill() => "prefill",
                 _ => "split",
             },
             rounds: vec![t.gpu_ms.unwrap_or(t.host_ms)],

@@ -82,6 +82,12 @@ impl ChunkIo {
         self.n
     }
 
+    /// Whether the prefill kernel attends this chunk's slices ([`crate::CacheSpec::prefill_from`]);
+    /// else the chunk's split kernel does.
+    pub fn prefill(&self) -> bool {
+        self.slices.iter().any(|s| s.row_tiles.is_some())
+    }
+
     /// New tokens per sequence attended together (a longer chunk is attended in slices of at
     /// most this many, one after another, in a scratch of this many queries' partials).
     pub fn slice_tokens(&self) -> u32 {

@@ -147,6 +147,15 @@ pub(super) fn partial_floats(spec: &CacheSpec, cfg: &KernelConfig) -> u64 {
         * (cfg.partial_width() as u64 + 4)
 }
 
+/// Floats of the prefill kernel's scratch for one query per sequence, after the partials: a
+/// rotated K's queries, rotated by `prefill_q` (`wgsl/kernels/prefill.wgsl`); none otherwise.
+pub(super) fn prefill_query_floats(spec: &CacheSpec, cfg: &KernelConfig) -> u64 {
+    if !spec.codecs.k.kind.is_rotated() {
+        return 0;
+    }
+    spec.batch as u64 * spec.q_heads as u64 * cfg.prefill_tile().query_width as u64
+}
+
 /// The storage segments and splits of `spec` with bindings of at most `max_binding` bytes.
 fn segment(
     spec: &CacheSpec,

@@ -5,6 +5,7 @@ use super::bind::{Bound, bind_buffers};
 use super::buffers::init_buffer;
 use super::io::{AppendInput, AttendIo, ChunkIo, ChunkSlice, StepIo};
 use super::kv_cache::KvCache;
+use super::plan;
 use crate::error::{KvqError, Result};
 use crate::kernels::InputType;
 use crate::spec::EXACT_CHUNK_SLICE;
@@ -206,18 +207,15 @@ impl KvCache {
         } else {
             CHUNK_SLICE_TOKENS
         };
-        // The prefill kernel takes slices of at least `from` tokens; a rotated K's queries,
-        // rotated first, take scratch after the partials.
+        // The prefill kernel takes slices of at least `from` tokens, with scratch of its own
+        // after the partials.
         let prefill = self.layout.prefill.filter(|&(_, from)| from <= n.min(most));
-        let tile = self.cfg.prefill_tile();
-        let rotated_queries = match prefill {
-            Some(_) if s.codecs.k.kind.is_rotated() => {
-                s.batch as u64 * s.q_heads as u64 * tile.query_width as u64 * 4
-            }
-            _ => 0,
+        let prefill_bytes = match prefill {
+            Some(_) => plan::prefill_query_floats(s, &self.cfg) * 4,
+            None => 0,
         };
         // Slices of at most `most` queries, and as many as the binding limit holds.
-        let per_query = self.partials_bytes() + rotated_queries;
+        let per_query = self.partials_bytes() + prefill_bytes;
         let limit = self.ctx.device.limits().max_storage_buffer_binding_size;
         let fit = (limit / per_query).min(u32::MAX as u64) as u32;
         if fit == 0 {

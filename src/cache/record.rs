@@ -153,7 +153,7 @@ impl KvCache {
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.chunk()?.clone();
         // Only where a slice takes it (chunk_io built it then: recording compiles nothing).
-        let prefill = match io.slices.iter().any(|s| s.row_tiles.is_some()) {
+        let prefill = match io.prefill() {
             true => Some(self.pipes.prefill()?.clone()),
             false => None,
         };

@@ -44,6 +44,8 @@ pub(crate) struct Pipelines {
     attend: [wgpu::ComputePipeline; 2],
     /// [F32, F16] x (split, reduce) of the fused step.
     step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
+    /// The chunk module, which the next two share.
+    chunk_module: OnceLock<Result<wgpu::ShaderModule>>,
     /// (split, reduce) of chunks.
     chunk: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
     /// (prefill_q, prefill) of long chunk slices, from the chunk module.
@@ -142,17 +144,30 @@ impl Pipelines {
             .map_err(Clone::clone)
     }
 
+    /// The chunk module, compiled on the first call: its split kernel's and its prefill
+    /// kernel's pipelines share it.
+    fn chunk_module(&self) -> Result<&wgpu::ShaderModule> {
+        self.chunk_module
+            .get_or_init(|| {
+                let src = self.cfg.module_source(KernelModule::Chunk)?;
+                shader_module(&self.device, self.compile, "kvq chunk", src)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     /// The chunk pipelines (split, reduce; built on the first call).
     pub fn chunk(&self) -> Result<&[wgpu::ComputePipeline; 2]> {
         self.chunk
             .get_or_init(|| {
-                let src = self.cfg.module_source(KernelModule::Chunk)?;
-                build(
-                    &self.device,
+                let module = self.chunk_module()?;
+                let (device, layout) = (&self.device, &self.chunk_layout);
+                pipelines(
+                    device,
                     self.compile,
                     "kvq chunk",
-                    src,
-                    &self.chunk_layout,
+                    module,
+                    layout,
                     ATTEND_ENTRIES,
                 )
             })
@@ -165,13 +180,14 @@ impl Pipelines {
     pub fn prefill(&self) -> Result<&[wgpu::ComputePipeline; 2]> {
         self.prefill
             .get_or_init(|| {
-                let src = self.cfg.module_source(KernelModule::Chunk)?;
-                build(
-                    &self.device,
+                let module = self.chunk_module()?;
+                let (device, layout) = (&self.device, &self.chunk_layout);
+                pipelines(
+                    device,
                     self.compile,
                     "kvq prefill",
-                    src,
-                    &self.chunk_layout,
+                    module,
+                    layout,
                     PREFILL_ENTRIES,
                 )
             })
@@ -237,6 +253,7 @@ impl Pipelines {
             attend,
             append: Default::default(),
             step: Default::default(),
+            chunk_module: Default::default(),
             chunk: Default::default(),
             prefill: Default::default(),
             chunk_layout,
@@ -299,6 +316,18 @@ fn build<const N: usize>(
     layout: &wgpu::PipelineLayout,
     entries: [&str; N],
 ) -> Result<[wgpu::ComputePipeline; N]> {
+    let module = shader_module(device, compile, label, src)?;
+    pipelines(device, compile, label, &module, layout, entries)
+}
+
+/// Compiles `src` as `compile` says (poisoned first where asked), inside a validation error
+/// scope.
+fn shader_module(
+    device: &wgpu::Device,
+    compile: Compile,
+    label: &str,
+    src: String,
+) -> Result<wgpu::ShaderModule> {
     let src = if compile.poison {
         super::poison::poison_workgroup_memory(&src)?
     } else {
@@ -312,11 +341,29 @@ fn build<const N: usize>(
     // SAFETY: wgpu's contract for the checks left out (see `runtime_checks`): every loop
     // terminates, and no index leaves its array or buffer.
     let module = unsafe { device.create_shader_module_trusted(desc, compile.checks) };
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(KvqError::Gpu(format!(
+            "building kvq's {label} kernels failed: {e}"
+        )));
+    }
+    Ok(module)
+}
+
+/// One pipeline of `module` per entry point, inside a validation error scope.
+fn pipelines<const N: usize>(
+    device: &wgpu::Device,
+    compile: Compile,
+    label: &str,
+    module: &wgpu::ShaderModule,
+    layout: &wgpu::PipelineLayout,
+    entries: [&str; N],
+) -> Result<[wgpu::ComputePipeline; N]> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let pipes = entries.map(|ep| {
         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(ep),
             layout: Some(layout),
-            module: &module,
+            module,
             entry_point: Some(ep),
             compilation_options: wgpu::PipelineCompilationOptions {
                 zero_initialize_workgroup_memory: compile.zero_init,

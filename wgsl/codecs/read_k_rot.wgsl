@@ -27,8 +27,19 @@ fn k_levels4(f: u32) -> vec4<f32> {
         let p = (vec2<u32>(f) >> vec2<u32>(0u, 2u * K_BITS)) & vec2<u32>(K_NPAIR - 1u);
         return vec4<f32>(lp_k[p.x], lp_k[p.y]);
     }
+    return k_levels4_table(f);
+}
+
+// The levels of the 4 codes in f, one table lookup each (kernels that load no pair table).
+fn k_levels4_table(f: u32) -> vec4<f32> {
     let c = (vec4<u32>(f) >> vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS)) & vec4<u32>((1u << K_BITS) - 1u);
     return vec4<f32>(lv_k[c.x], lv_k[c.y], lv_k[c.z], lv_k[c.w]);
+}
+
+// The QJL residual's signs 4k .. 4k + 3 of sign word w as +-1: each bit moved into the sign
+// bit of -1.0's pattern, two integer ops a sign (not a shift, a mask, a conversion and an fma).
+fn qjl_signs4(w: u32, k: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(((vec4<u32>(w) << (vec4<u32>(31u, 30u, 29u, 28u) - vec4<u32>(4u * k))) & vec4<u32>(0x80000000u)) ^ vec4<u32>(0xbf800000u));
 }
 
 // The 4 * K_BITS bits from bit `bit` of a block's words (LSB-first; may straddle two words).
@@ -104,9 +115,7 @@ fn k_scores(row: u32) {
         var t$g = 0.0;
         for (var j = 0u; j < D / 32u; j++) {
             let w = k_store[base + (K_QJL_WORD + j) * KB];
-            // +-1 built from the bit (moved into the sign bit of -1.0's pattern): two integer ops
-            // a sign, not a shift, a mask, a conversion and an fma.
-            let sgn$k = bitcast<vec4<f32>>(((vec4<u32>(w) << (vec4<u32>(31u, 30u, 29u, 28u) - vec4<u32>(4u * $ku))) & vec4<u32>(0x80000000u)) ^ vec4<u32>(0xbf800000u));
+            let sgn$k = qjl_signs4(w, $ku);
             t$g = fma4(t$g, sq_sh[$g * (D / 4u) + 8u * j + $k], sgn$k);
         }
         sc$g += coef * t$g;
@@ -126,14 +135,10 @@ fn k_dec4(row: u32, c: u32) -> vec4<f32> {
         }
         let j = c / 8u;
         let s = k_half(base, K_SIDE_BIT + select(0u, 16u * j, K_BLOCK32));
-        let f = k_field(k_block_words(base, j), 4u * (c % 8u) * K_BITS);
-        let code = (vec4<u32>(f) >> vec4<u32>(0u, K_BITS, 2u * K_BITS, 3u * K_BITS)) & vec4<u32>((1u << K_BITS) - 1u);
-        return vec4<f32>(lv_k[code.x], lv_k[code.y], lv_k[code.z], lv_k[code.w]) * s;
+        return k_levels4_table(k_field(k_block_words(base, j), 4u * (c % 8u) * K_BITS)) * s;
     }
     let e = c - RW / 4u;
-    let w = k_store[base + (K_QJL_WORD + e / 8u) * KB];
-    let sgn = bitcast<vec4<f32>>(((vec4<u32>(w) << (vec4<u32>(31u, 30u, 29u, 28u) - vec4<u32>(4u * (e % 8u)))) & vec4<u32>(0x80000000u)) ^ vec4<u32>(0xbf800000u));
-    return sgn * k_qjl_coef(base);
+    return qjl_signs4(k_store[base + (K_QJL_WORD + e / 8u) * KB], e % 8u) * k_qjl_coef(base);
 }
 
 // The QJL estimator's coefficient of the row whose first word is `base`, as k_scores

@@ -214,6 +214,11 @@ fn xq(g: u32, k: u32) -> vec4<f32> {
     return q_sh[g * (D / 4u) + k];
 }
 
+// Position of the u-th exact row attended: the sink's ns, then the ring's from rl.
+fn x_pos(u: u32, ns: u32, rl: u32) -> u32 {
+    return select(rl + u - ns, u, u < ns);
+}
+
 // Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = XV) row.
 fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
     let r = x_row(b, h, p) + v + 2u * c;
@@ -274,7 +279,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
         // The previous tile's V loop (or the split) has read the shared arrays.
         workgroupBarrier();
         let e = t0 + lid;
-        let pos = select(rl + e - ns, e, e < ns);
+        let pos = x_pos(e, ns, rl);
         sc$g = 0.0;
         if lid < tn {
             // 8 pairs of words loaded before their math (a load then its use, 32 times, waited
@@ -325,7 +330,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
                 var vv: array<vec4<f32>, 4>;
                 for (var u = 0u; u < 4u; u++) {
                     let ei = t0 + i + u * XJ;
-                    vv[u] = x_load(b, h, select(rl + ei - ns, ei, ei < ns), XV, c);
+                    vv[u] = x_load(b, h, x_pos(ei, ns, rl), XV, c);
                 }
                 for (var u = 0u; u < 4u; u++) {
                     acc$g += {{weights}}[(i + u * XJ) * GP + $g / 4u][$g % 4u] * vv[u];
@@ -333,7 +338,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
             }
             for (; i < tn; i += XJ) {
                 let ei = t0 + i;
-                let v = x_load(b, h, select(rl + ei - ns, ei, ei < ns), XV, c);
+                let v = x_load(b, h, x_pos(ei, ns, rl), XV, c);
                 acc$g += {{weights}}[i * GP + $g / 4u][$g % 4u] * v;
             }
         }

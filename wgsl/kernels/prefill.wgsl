@@ -36,15 +36,15 @@ var<workgroup> pkv_sh: array<vec4<f32>, PKV / 4u>;
 var<workgroup> pp_sh: array<vec4<f32>, PBC * PTR>;
 // Per-lane row maxima, then sums, exchanged within a row group.
 var<workgroup> pm_sh: array<vec4<f32>, PWG>;
-var<workgroup> plen_sh: u32;
 
 // Where a rotated K's rotated queries lie in the scratch: after the slice's partials.
 fn prefill_q_base() -> u32 {
     return chunk.count * (PART_ML + B * QH * PSLOTS);
 }
 
-// The slice's query row of (sequence b, token z of the slice, query head qh).
-fn prefill_q_row(b: u32, z: u32, qh: u32) -> u32 {
+// Row of (sequence b, token z of the slice, query head qh) in the slice's [B, count, QH]
+// queries and partials.
+fn prefill_row(b: u32, z: u32, qh: u32) -> u32 {
     return (b * chunk.count + z) * QH + qh;
 }
 
@@ -53,7 +53,7 @@ fn prefill_q_row(b: u32, z: u32, qh: u32) -> u32 {
 fn prefill_query(b: u32, h: u32, r: u32, c: u32, plain: bool) -> vec4<f32> {
     let qh = h * G + r % G;
     if K_ROTATED && !plain {
-        return part[prefill_q_base() + prefill_q_row(b, r / G, qh) * PQW4 + c];
+        return part[prefill_q_base() + prefill_row(b, r / G, qh) * PQW4 + c];
     }
     if c >= D / 4u {
         return vec4<f32>(0.0);
@@ -85,19 +85,10 @@ fn prefill_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
             } else {
                 x = sq_sh[g * (D / 4u) + c - PQA / 4u];
             }
-            part[prefill_q_base() + prefill_q_row(b, z + g / G, h * G + g % G) * PQW4 + c] = x;
+            part[prefill_q_base() + prefill_row(b, z + g / G, h * G + g % G) * PQW4 + c] = x;
         }
     }
 }
-
-#if EXACT
-var<workgroup> pxlo_sh: u32;
-
-// Position of the exact workgroup's u-th position: the sink's ns, then the ring's from rl.
-fn px_pos(u: u32, ns: u32, rl: u32) -> u32 {
-    return select(rl + u - ns, u, u < ns);
-}
-#endif
 
 // Dispatch (KVH * B, NSPLIT + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
 // the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
@@ -133,10 +124,10 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     k_load_levels(lid);
     v_load_levels(lid);
     if lid == 0u {
-        plen_sh = lens[len_index(seg.layer, b)];
+        len_sh = lens[len_index(seg.layer, b)];
     }
     // (Its barrier also publishes the query tile and the level tables.)
-    let len = workgroupUniformLoad(&plen_sh);
+    let len = workgroupUniformLoad(&len_sh);
     // Slice token z attends the positions before base + z + 1 (its own included), the last
     // WIN of them with a sliding window.
     let base = len - chunk.appended + chunk.first;
@@ -146,9 +137,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let e$i = base + (rb + tr * PRB + $iu) / G + 1u;
 #if EXACT
     if lid == 0u {
-        pxlo_sh = x_at(b);
+        xlo_sh = x_at(b);
     }
-    let xlo = workgroupUniformLoad(&pxlo_sh);
+    let xlo = workgroupUniformLoad(&xlo_sh);
 #if KMEAN
     // The codes hold K less its mean: the exact rows are scored less it too.
     x_load_mean(lid, b, h, len, len);
@@ -196,7 +187,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 let c = cc + x / PBC;
 #if EXACT
                 if xw {
-                    var k = x_load(b, h, px_pos(u, ns, rl), 0u, c);
+                    var k = x_load(b, h, x_pos(u, ns, rl), 0u, c);
 #if KMEAN
                     k -= xmu_sh[c];
 #endif
@@ -217,7 +208,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         var pos$j: u32;
         var ok$i$j: bool;
         if xw {
-            pos$j = px_pos(t0 + tk + $ju * PTK, ns, rl);
+            pos$j = x_pos(t0 + tk + $ju * PTK, ns, rl);
             ok$i$j = tk + $ju * PTK < tn && pos$j < e$i && (pos$j < SINK || pos$j >= xend$i);
         } else {
             pos$j = run_pos(t0 + tk + $ju * PTK, runs, lo, seg);
@@ -258,7 +249,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 for (var x = lid; x < PVK * (D / 4u); x += PWG) {
                     let key = x / (D / 4u);
                     let c = x % (D / 4u);
-                    let p = px_pos(t0 + min(vb + key, tn - 1u), ns, rl);
+                    let p = x_pos(t0 + min(vb + key, tn - 1u), ns, rl);
                     pkv_sh[key * PV4 + c] = x_load(b, h, p, XV, c);
                 }
             }
@@ -301,7 +292,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let ri$i = rb + tr * PRB + $iu;
     // (The exact rows' slot is the last, SPLITS_TOTAL; their outputs are D wide.)
     let slot = select(seg.split_base + s, SPLITS_TOTAL, xw);
-    let at$i = prefill_q_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + slot;
+    let at$i = prefill_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + slot;
     if ri$i < rows && tk + $uu * PTK < vw4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
     if ri$i < rows && tk == 0u { part[part_ml + at$i] = vec4<f32>(m$i, lt[$iu], 0.0, 0.0); }
 }
