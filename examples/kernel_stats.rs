@@ -348,6 +348,7 @@ fn run() -> Result<(), Error> {
             k: c.k,
             v: c.v,
             exact: Default::default(),
+            precision: Default::default(),
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.

@@ -38,4 +38,6 @@ pub use context::{Capabilities, GpuContext, TransferStats};
 pub use error::{KvqError, Result};
 pub use kernels::{InputType, KernelConfig, KernelModule};
 pub use memory::{MemoryReport, StoreBytes};
-pub use spec::{CacheSpec, EXACT_CHUNK_SLICE, ExactTokens, MAX_CAPACITY, MAX_EXACT_TOKENS};
+pub use spec::{
+    CacheSpec, EXACT_CHUNK_SLICE, ExactTokens, MAX_CAPACITY, MAX_EXACT_TOKENS, Precision,
+};

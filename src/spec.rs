@@ -6,6 +6,28 @@ use crate::error::{KvqError, Result};
 /// Most (layer, sequence) pairs a cache may hold (`layers * batch`).
 pub const MAX_LENGTHS: u64 = 1 << 20;
 
+/// The arithmetic of a cache's attention products ([`CacheSpec::precision`]).
+///
+/// A quantized codec's own error on the attention output is orders of magnitude larger
+/// than f16 rounding, so its products need not be f32: `Fast` trades an exact match with
+/// the reference over the dequantized store for the f16 products GPUs issue at twice the
+/// rate of f32 ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 operands and products throughout: the GPU's attention matches the f64 reference
+    /// over the dequantized store to about 1e-6 relative (tested to 1e-3).
+    #[default]
+    Exact,
+    /// f16 operands and products where a kernel has them (today the prefill kernel: its
+    /// query and K/V tiles in f16, their products summed in f16 over at most 32 terms and
+    /// then added into f32; every softmax maximum, sum and rescale in f32), on adapters with
+    /// `shader-f16` ([`crate::Capabilities::f16`]); elsewhere, as on the browser target
+    /// without it, the same kernels as `Exact`. Attention then lies within 1e-2 (relative)
+    /// of the reference over the dequantized store. A K or V value or a query · key partial
+    /// sum beyond f16's range (±65504) is not representable: keep such caches `Exact`.
+    Fast,
+}
+
 /// Tokens a cache keeps exact (f16, as the caller gave them) beside their codes, and attends
 /// in place of the codes: each sequence's first `sink` positions and its newest `recent`. On a
 /// real model these are what a quantized cache must not lose (QUALITY.md: on SmolLM2, 16 + 32
@@ -131,6 +153,8 @@ pub struct CacheSpec {
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.
     pub prefill_from: Option<u32>,
+    /// The attention products' arithmetic ([`Precision`]); `Exact` by default.
+    pub precision: Precision,
 }
 
 /// Most tokens a cache holds: a ring's slot arithmetic (`wgsl/shared/common.wgsl`, `seg_runs`) adds
@@ -162,6 +186,7 @@ impl CacheSpec {
             workgroup: None,
             exact: ExactTokens::NONE,
             prefill_from: None,
+            precision: Precision::Exact,
         }
     }
 
@@ -204,6 +229,12 @@ impl CacheSpec {
     /// kernel ([`CacheSpec::prefill_from`]); 1 takes it for every chunk.
     pub fn with_prefill_from(mut self, tokens: u32) -> CacheSpec {
         self.prefill_from = Some(tokens);
+        self
+    }
+
+    /// Sets the products' arithmetic ([`CacheSpec::precision`]).
+    pub fn with_precision(mut self, precision: Precision) -> CacheSpec {
+        self.precision = precision;
         self
     }
 

@@ -63,6 +63,11 @@ fn configs() -> Vec<KernelConfig> {
                 } else {
                     Default::default()
                 },
+                // Every other one with f16 products (the f16 prefill kernel).
+                precision: match i % 2 {
+                    0 => kvq::Precision::Exact,
+                    _ => kvq::Precision::Fast,
+                },
             });
         }
     }
@@ -111,8 +116,12 @@ fn every_kernel_translates_to_every_backend() {
             let name = format!("{name} (d={}, g={})", cfg.head_dim, cfg.gqa);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
-            let info = // unpack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which WebGPU core and every wgpu backend grant.
-                Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+            // unpack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which WebGPU core and every wgpu
+            // backend grant; f16 products need shader-f16 (SHADER_FLOAT16, HLSL's SM 6.2).
+            let fast = cfg.precision == kvq::Precision::Fast;
+            let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+            caps.set(Capabilities::SHADER_FLOAT16, fast);
+            let info = Validator::new(ValidationFlags::all(), caps)
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
             for ep in &module.entry_points {
@@ -138,7 +147,10 @@ fn every_kernel_translates_to_every_backend() {
                     .unwrap_or_else(|e| panic!("{name}/{}: MSL: {e}", ep.name));
 
                 let hlsl_opts = hlsl::Options {
-                    shader_model: hlsl::ShaderModel::V6_0,
+                    shader_model: match fast {
+                        true => hlsl::ShaderModel::V6_2,
+                        false => hlsl::ShaderModel::V6_0,
+                    },
                     fake_missing_bindings: true,
                     ..Default::default()
                 };

@@ -8,7 +8,7 @@ use crate::codec_list::split_codecs;
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
-             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--precision exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
@@ -65,6 +65,8 @@ pub struct Args {
     /// `--prefill-from N`: chunk slices of at least N new tokens per sequence take the
     /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning.
     pub prefill_from: Option<u32>,
+    /// `--precision exact|fast`: the caches' products (`CacheSpec::with_precision`).
+    pub precision: kvq::Precision,
 }
 
 impl Args {
@@ -106,6 +108,7 @@ impl Default for Args {
             mem_budget: None,
             exact: kvq::ExactTokens::NONE,
             prefill_from: None,
+            precision: kvq::Precision::Exact,
         }
     }
 }
@@ -169,6 +172,13 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         "--busy" => a.busy_ms = Some(num(&val)?),
         "--splits" => a.splits = Some(num(&val)?),
         "--prefill-from" => a.prefill_from = Some(num(&val)?.max(1)),
+        "--precision" => {
+            a.precision = match val.as_str() {
+                "exact" => kvq::Precision::Exact,
+                "fast" => kvq::Precision::Fast,
+                _ => return Err(format!("--precision takes exact or fast, not {val}")),
+            }
+        }
         "--batch" => {
             a.batch = num(&val)?;
             if a.batch == 0 {

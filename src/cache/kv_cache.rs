@@ -50,7 +50,8 @@ impl KvCache {
     /// Allocates the store and builds the kernels for `spec` on `ctx`'s device.
     pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
         let device = &ctx.device;
-        let plan = plan::plan(&spec, &device.limits(), ctx.tuning(), &ctx.info.name)?;
+        let f16 = ctx.capabilities().f16;
+        let plan = plan::plan(&spec, &device.limits(), ctx.tuning(), &ctx.info.name, f16)?;
         let pipes = Pipelines::new(
             device,
             &plan.cfg,

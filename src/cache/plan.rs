@@ -3,7 +3,7 @@
 
 use crate::error::{KvqError, Result};
 use crate::kernels::{K_BLOCK, KernelConfig};
-use crate::spec::CacheSpec;
+use crate::spec::{CacheSpec, Precision};
 use crate::tuning::DeviceTuning;
 
 /// Fewest tokens per decode split before fewer splits are used.
@@ -53,14 +53,16 @@ fn max_binding(limits: &wgpu::Limits) -> u64 {
         .min(u32::MAX as u64)
 }
 
-/// Plans a cache for `spec` on an adapter named `adapter` with `limits` and `tuning`: checks
-/// the spec, segments the store to fit a binding, picks the splits (`spec.splits`, else the
-/// tuning's) and the kernel configuration, and refuses what the adapter cannot hold.
+/// Plans a cache for `spec` on an adapter named `adapter` with `limits` and `tuning` (`f16`:
+/// the device has `shader-f16`): checks the spec, segments the store to fit a binding,
+/// picks the splits (`spec.splits`, else the tuning's) and the kernel configuration, and
+/// refuses what the adapter cannot hold.
 pub(super) fn plan(
     spec: &CacheSpec,
     limits: &wgpu::Limits,
     tuning: &DeviceTuning,
     adapter: &str,
+    f16: bool,
 ) -> Result<Plan> {
     spec.validate()?;
     let too_weak = |what: String, needed: u64, have: u64| KvqError::AdapterTooWeak {
@@ -87,6 +89,11 @@ pub(super) fn plan(
         k: spec.codecs.k,
         v: spec.codecs.v,
         exact: spec.exact,
+        // Without shader-f16 the fast products are not there: the exact kernels run.
+        precision: match f16 {
+            true => spec.precision,
+            false => Precision::Exact,
+        },
     };
     // GPU codecs, the shape rules (again, for what the tuning chose) and every count.
     cfg.check()?;
@@ -244,7 +251,7 @@ mod tests {
     #[test]
     fn one_segment_takes_the_tunings_splits_and_workgroup() {
         let spec = llama3_8b(4096);
-        let p = plan(&spec, &limits(), &H200, "test").unwrap();
+        let p = plan(&spec, &limits(), &H200, "test", false).unwrap();
         assert_eq!(p.layout.segments, 1);
         assert_eq!(p.layout.segment_tokens, 4096);
         assert_eq!(p.layout.splits, 64);
@@ -264,10 +271,10 @@ mod tests {
         );
         assert_eq!(p.constants, p.cfg.constants(spec.seed));
         // Other tunings, same storage.
-        let cpu = plan(&spec, &limits(), &CPU_DRIVER, "test").unwrap();
+        let cpu = plan(&spec, &limits(), &CPU_DRIVER, "test", false).unwrap();
         assert_eq!(cpu.layout.splits, 4);
         assert_eq!(cpu.layout.segments, 1);
-        let other = plan(&spec, &limits(), &UNMEASURED, "test").unwrap();
+        let other = plan(&spec, &limits(), &UNMEASURED, "test", false).unwrap();
         assert_eq!(other.layout.splits, 7);
     }
 
@@ -276,13 +283,16 @@ mod tests {
         let mut spec = llama3_8b(4096).with_splits(5);
         spec.workgroup = Some(256);
         for t in [&H200, &CPU_DRIVER, &UNMEASURED] {
-            let p = plan(&spec, &limits(), t, "test").unwrap();
+            let p = plan(&spec, &limits(), t, "test", false).unwrap();
             assert_eq!((p.layout.splits, p.cfg.workgroup), (5, 256), "{}", t.name);
         }
         // Without a split count, a wider workgroup halves the H200's resident grid.
         spec.splits = None;
         assert_eq!(
-            plan(&spec, &limits(), &H200, "t").unwrap().layout.splits,
+            plan(&spec, &limits(), &H200, "t", false)
+                .unwrap()
+                .layout
+                .splits,
             32
         );
     }
@@ -295,11 +305,11 @@ mod tests {
             ..limits()
         };
         let spec = CacheSpec::new(1, 1, 1, 32, 640).with_splits(1);
-        let p = plan(&spec, &small, &H200, "test").unwrap();
+        let p = plan(&spec, &small, &H200, "test", false).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (10, 64));
         let mut spec = llama3_8b(4096);
         spec.segment_tokens = Some(32);
-        let p = plan(&spec, &limits(), &H200, "test").unwrap();
+        let p = plan(&spec, &limits(), &H200, "test", false).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (128, 32));
         // 128 segments: at most 1024 / 128 - 1 = 7 splits each besides the step's.
         assert_eq!(p.layout.splits, 7);
@@ -307,13 +317,13 @@ mod tests {
         // A segment size of the spec's own is rounded down to whole K blocks.
         let mut spec = llama3_8b(1000);
         spec.segment_tokens = Some(100);
-        let p = plan(&spec, &limits(), &H200, "test").unwrap();
+        let p = plan(&spec, &limits(), &H200, "test", false).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (11, 96));
         assert_eq!(p.layout.splits, 64);
         // A capacity that fits one segment is not rounded.
         spec.segment_tokens = Some(1000);
         assert_eq!(
-            plan(&spec, &limits(), &H200, "t")
+            plan(&spec, &limits(), &H200, "t", false)
                 .unwrap()
                 .layout
                 .segment_tokens,
@@ -328,7 +338,7 @@ mod tests {
             ..limits()
         };
         // Less than 32 tokens of every head in a binding.
-        match plan(&llama3_8b(4096), &tiny(32 << 10), &H200, "gpu") {
+        match plan(&llama3_8b(4096), &tiny(32 << 10), &H200, "gpu", false) {
             Err(KvqError::AdapterTooWeak {
                 adapter,
                 needed,
@@ -343,7 +353,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Not even one token.
-        match plan(&llama3_8b(4096), &tiny(1024), &H200, "gpu") {
+        match plan(&llama3_8b(4096), &tiny(1024), &H200, "gpu", false) {
             Err(KvqError::AdapterTooWeak { needed, .. }) => assert_eq!(needed, 2048),
             other => panic!("{other:?}"),
         }
@@ -351,7 +361,7 @@ mod tests {
         let mut spec = llama3_8b(32 * 513);
         spec.segment_tokens = Some(32);
         assert!(matches!(
-            plan(&spec, &limits(), &H200, "gpu"),
+            plan(&spec, &limits(), &H200, "gpu", false),
             Err(KvqError::InvalidSpec(_))
         ));
         // The split kernel's workgroup memory.
@@ -360,17 +370,23 @@ mod tests {
             ..limits()
         };
         assert!(matches!(
-            plan(&llama3_8b(4096), &no_wg_memory, &H200, "gpu"),
+            plan(&llama3_8b(4096), &no_wg_memory, &H200, "gpu", false),
             Err(KvqError::AdapterTooWeak { .. })
         ));
         // A spec the checks refuse, and a codec with no GPU kernels.
         assert!(matches!(
-            plan(&CacheSpec::new(0, 4, 4, 64, 16), &limits(), &H200, "gpu"),
+            plan(
+                &CacheSpec::new(0, 4, 4, 64, 16),
+                &limits(),
+                &H200,
+                "gpu",
+                false
+            ),
             Err(KvqError::InvalidSpec(_))
         ));
         let qjl_only = llama3_8b(64).with_codecs(KvCodecs::parse("k_turbo0+qjl").unwrap());
         assert!(matches!(
-            plan(&qjl_only, &limits(), &H200, "gpu"),
+            plan(&qjl_only, &limits(), &H200, "gpu", false),
             Err(KvqError::InvalidSpec(_))
         ));
     }

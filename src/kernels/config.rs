@@ -86,6 +86,9 @@ pub struct KernelConfig {
     pub v: Codec,
     /// Tokens kept exact beside their codes (see [`crate::ExactTokens`]).
     pub exact: crate::spec::ExactTokens,
+    /// The products' arithmetic ([`crate::Precision`]), as the adapter resolves it: `Fast`
+    /// only where it has `shader-f16`.
+    pub precision: crate::spec::Precision,
 }
 
 impl KernelConfig {
@@ -269,11 +272,28 @@ impl KernelConfig {
         c("PBR", PREFILL_ROW_GROUPS * t.rows_per_group.max(1));
         c("PVU", t.value_columns);
         c("PVK", t.value_keys);
-        c("PKV", PREFILL_KV_FLOATS);
+        c("PKV", self.prefill_kv_values());
         c("PTR", PREFILL_ROW_GROUPS);
         c("PTK", PREFILL_LANES);
         c("PKT", PREFILL_KEYS_PER_LANE);
+        let half = self.half_products();
+        h.constant("PH", Value::Bool(half));
+        if half {
+            h.enable("f16");
+        }
         h
+    }
+
+    /// Whether the kernels that have f16 products use them ([`crate::Precision::Fast`]).
+    pub(crate) fn half_products(&self) -> bool {
+        self.precision == crate::spec::Precision::Fast
+    }
+
+    /// Values of the prefill kernel's K/V tile (`PKV`): [`PREFILL_KV_BYTES`] of f32, or of
+    /// f16 with f16 products (twice as many: a K pass then covers 32 coordinates, the most
+    /// an f16 sum may take before it is added into f32).
+    fn prefill_kv_values(&self) -> u32 {
+        PREFILL_KV_BYTES / if self.half_products() { 2 } else { 4 }
     }
 
     /// The prefill kernel's tile for this configuration ([`PrefillTile`]).
@@ -289,7 +309,9 @@ impl KernelConfig {
         let pv4 = self.partial_width() / 4;
         // V rows of a sub-tile: a power of two (it divides the 64 keys of a tile) whose rows
         // fill at most the K/V tile.
-        let fit = (PREFILL_KV_FLOATS / 4 / pv4).max(1);
+        let fit = (self.prefill_kv_values() / 4 / pv4).max(1);
+        // (f16 products sum at most 32 rows in f16.)
+        let fit = fit.min(if self.half_products() { 32 } else { 64 });
         PrefillTile {
             query_codes,
             query_width,
@@ -696,10 +718,11 @@ pub(crate) const PREFILL_KEYS_PER_LANE: u32 = 4;
 /// Floats of the prefill kernel's query tile (16 KiB): rows × `PQW`.
 pub(crate) const PREFILL_QUERY_FLOATS: u32 = 4096;
 
-/// Floats of the prefill kernel's K/V tile (4 KiB): 4 coordinates of 64 keys' K at a time,
-/// then `PVK` decoded V rows at a time. With the query tile (16 KiB) and the weights (8
-/// KiB) the kernel stays within the 32 KiB of workgroup memory kvq asks of an adapter.
-pub(crate) const PREFILL_KV_FLOATS: u32 = 1024;
+/// Bytes of the prefill kernel's K/V tile: 4 coordinates of 64 keys' K at a time (8 with
+/// f16 products), then `PVK` decoded V rows at a time. With the query tile (16 KiB) and the
+/// weights (8 KiB) the kernel stays within the 32 KiB of workgroup memory kvq asks of an
+/// adapter.
+pub(crate) const PREFILL_KV_BYTES: u32 = 4096;
 
 /// Loads a thread issues together before using them in the QJL projection (`$v` lines of
 /// kernels/attention.wgsl, `VU`).
@@ -710,8 +733,12 @@ const CODE_GROUPS: u32 = 8;
 
 #[cfg(test)]
 mod tests {
-    use super::{KernelConfig, PREFILL_QUERY_FLOATS, PREFILL_ROW_GROUPS, k_unroll};
+    use super::{
+        KernelConfig, PREFILL_KEYS_PER_LANE, PREFILL_LANES, PREFILL_QUERY_FLOATS,
+        PREFILL_ROW_GROUPS, k_unroll,
+    };
     use crate::KvCodecs;
+    use crate::spec::Precision;
 
     fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
         let c = KvCodecs::parse(codecs).unwrap();
@@ -731,6 +758,7 @@ mod tests {
             k: c.k,
             v: c.v,
             exact: Default::default(),
+            precision: Default::default(),
         }
     }
 
@@ -848,25 +876,33 @@ mod tests {
             "k=iso3b+qjl,v=rotor4",
             "k_rotor3+qjl",
         ] {
-            for d in [64, 96, 128, 256] {
-                for g in [1, 8] {
-                    let mut c = cfg(codecs, d);
-                    c.gqa = g;
-                    let t = c.prefill_tile();
-                    assert!(t.query_width.is_multiple_of(32), "{codecs} d={d}");
-                    assert!(t.value_keys.is_power_of_two() && t.value_keys <= 64);
-                    match c.prefill_rows() {
-                        Some(rows) => {
-                            assert!(rows <= 32 && rows.is_multiple_of(PREFILL_ROW_GROUPS));
-                            let b = c.prefill_workgroup_bytes().unwrap();
-                            assert!(b <= 32 * 1024, "{codecs} d={d} g={g}: {b} bytes");
-                        }
-                        // Only QJL beside a rotor side at D 256 (its 288 padded codes and
-                        // S q's 256 values a query row).
-                        None => {
-                            assert!(t.query_width > PREFILL_QUERY_FLOATS / PREFILL_ROW_GROUPS);
-                            assert!(codecs.contains("qjl") && codecs.contains("rotor") && d == 256);
-                        }
+            for (d, g, precision) in [32, 64, 96, 128, 256]
+                .into_iter()
+                .flat_map(|d| [(d, 1), (d, 8)])
+                .flat_map(|(d, g)| [(d, g, Precision::Exact), (d, g, Precision::Fast)])
+            {
+                let mut c = cfg(codecs, d);
+                c.gqa = g;
+                c.precision = precision;
+                let t = c.prefill_tile();
+                assert!(t.query_width.is_multiple_of(32), "{codecs} d={d}");
+                assert!(t.value_keys.is_power_of_two() && t.value_keys <= 64);
+                if precision == Precision::Fast {
+                    // An f16 sum takes at most 32 terms: a K pass's coordinates, V rows.
+                    let pass = c.prefill_kv_values() / (PREFILL_LANES * PREFILL_KEYS_PER_LANE);
+                    assert!(pass <= 32 && t.value_keys <= 32, "{codecs} d={d}");
+                }
+                match c.prefill_rows() {
+                    Some(rows) => {
+                        assert!(rows <= 32 && rows.is_multiple_of(PREFILL_ROW_GROUPS));
+                        let b = c.prefill_workgroup_bytes().unwrap();
+                        assert!(b <= 32 * 1024, "{codecs} d={d} g={g}: {b} bytes");
+                    }
+                    // Only QJL beside a rotor side at D 256 (its 288 padded codes and
+                    // S q's 256 values a query row).
+                    None => {
+                        assert!(t.query_width > PREFILL_QUERY_FLOATS / PREFILL_ROW_GROUPS);
+                        assert!(codecs.contains("qjl") && codecs.contains("rotor") && d == 256);
                     }
                 }
             }

@@ -20,7 +20,7 @@ fn err(what: String) -> KvqError {
     KvqError::Gpu(format!("poisoning workgroup memory: {what}"))
 }
 
-/// WGSL for the poison value of an f32 or u32 scalar or vector (the element types of kvq's
+/// WGSL for the poison value of an f32, f16 or u32 scalar or vector (the element types of kvq's
 /// workgroup variables), or None for other types.
 fn poison_value(types: &naga::UniqueArena<Type>, ty: Handle<Type>) -> Option<String> {
     let (size, s) = match types[ty].inner {
@@ -31,6 +31,8 @@ fn poison_value(types: &naga::UniqueArena<Type>, ty: Handle<Type>) -> Option<Str
     let (t, v) = match (s.kind, s.width) {
         (ScalarKind::Float, 4) => ("f32", format!("bitcast<f32>({NAN_BITS})")),
         (ScalarKind::Uint, 4) => ("u32", U32_POISON.to_string()),
+        // (An f32 NaN converted: WGSL bitcasts to f16 only as pairs, which naga refuses.)
+        (ScalarKind::Float, 2) => ("f16", format!("f16(bitcast<f32>({NAN_BITS}))")),
         _ => return None,
     };
     Some(match size {

@@ -20,6 +20,17 @@
 #unroll $u PVU
 #unroll $r QV
 
+// The tiles' element type: f32, or with PH (the cache's fast precision on an adapter with
+// shader-f16) f16 operands whose products are summed in f16 over at most 32 coordinates (a
+// K pass) or 32 V rows and then added into the f32 scores and outputs; the softmax, its
+// maxima and sums stay f32.
+#if PH
+alias pf = f16;
+#else
+alias pf = f32;
+#endif
+alias pf4 = vec4<pf>;
+
 // Invocations: PTR row groups of PTK lanes; each lane scores PKT keys of a tile.
 const PWG: u32 = PTR * PTK;
 const PBC: u32 = PTK * PKT;
@@ -28,12 +39,12 @@ const PQW4: u32 = PQW / 4u;
 const PKC: u32 = PKV / (4u * PBC);
 
 // The query tile: PBR rows of PQW values (a rotated K's codes' coordinates, then QJL's S q).
-var<workgroup> pq_sh: array<vec4<f32>, PBR * PQW4>;
+var<workgroup> pq_sh: array<pf4, PBR * PQW4>;
 // The K/V tile: PKC vec4 columns of PBC keys (column-major, so lanes read neighbouring keys),
 // then PVK decoded V rows of PV4 vec4s.
-var<workgroup> pkv_sh: array<vec4<f32>, PKV / 4u>;
+var<workgroup> pkv_sh: array<pf4, PKV / 4u>;
 // Softmax weights, key-major: per key, each row group's PRB rows as one vec4.
-var<workgroup> pp_sh: array<vec4<f32>, PBC * PTR>;
+var<workgroup> pp_sh: array<pf4, PBC * PTR>;
 // Per-lane row maxima, then sums, exchanged within a row group.
 var<workgroup> pm_sh: array<vec4<f32>, PWG>;
 
@@ -119,7 +130,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         if r < rows {
             x = prefill_query(b, h, r, i % PQW4, xw);
         }
-        pq_sh[i] = x;
+        pq_sh[i] = pf4(x);
     }
     k_load_levels(lid);
     v_load_levels(lid);
@@ -191,18 +202,29 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 #if KMEAN
                     k -= xmu_sh[c];
 #endif
-                    pkv_sh[x] = k;
+                    pkv_sh[x] = pf4(k);
                     continue;
                 }
 #endif
-                pkv_sh[x] = k_dec4(row0 + run_slot(u, runs), c);
+                pkv_sh[x] = pf4(k_dec4(row0 + run_slot(u, runs), c));
             }
             workgroupBarrier();
+#if PH
+            var h$i$j = pf4(0.0);
+            for (var c = 0u; c < PKC; c++) {
+                let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
+                let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
+                h$i$j = fma(q$i, k$j, h$i$j);
+            }
+            let hs$i$j = vec4<f32>(h$i$j);
+            s$i$j += (hs$i$j.x + hs$i$j.y) + (hs$i$j.z + hs$i$j.w);
+#else
             for (var c = 0u; c < PKC; c++) {
                 let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
                 let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
                 s$i$j = fma4(s$i$j, q$i, k$j);
             }
+#endif
         }
 #if EXACT
         var pos$j: u32;
@@ -237,7 +259,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         o$i$u *= al$i;
         var pw$j = vec4<f32>(0.0);
         pw$j[$iu] = p$i$j;
-        pp_sh[(tk + $ju * PTK) * PTR + tr] = pw$j;
+        pp_sh[(tk + $ju * PTK) * PTR + tr] = pf4(pw$j);
         // Values: PVK rows decoded at a time (a rotated V in its rotated domain, the reduce
         // un-rotates; a row's one scale applied here), then each lane adds its row group's
         // weighted rows to its output vectors tk, tk + PTK, ...
@@ -250,7 +272,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                     let key = x / (D / 4u);
                     let c = x % (D / 4u);
                     let p = x_pos(t0 + min(vb + key, tn - 1u), ns, rl);
-                    pkv_sh[key * PV4 + c] = x_load(b, h, p, XV, c);
+                    pkv_sh[key * PV4 + c] = pf4(x_load(b, h, p, XV, c));
                 }
             }
 #endif
@@ -263,18 +285,28 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                     vs = v_row_scale(row);
                 }
                 let v = v_load(row, c);
-                pkv_sh[key * PV4 + c * (VW / 4u)] = v[0] * vs;
+                pkv_sh[key * PV4 + c * (VW / 4u)] = pf4(v[0] * vs);
                 if VW == 8u {
-                    pkv_sh[key * PV4 + c * 2u + 1u] = v[1] * vs;
+                    pkv_sh[key * PV4 + c * 2u + 1u] = pf4(v[1] * vs);
                 }
             }
             workgroupBarrier();
             let vn = min(PVK, tn - vb);
+#if PH
+            var oh$i$u = pf4(0.0);
+            for (var t = 0u; t < vn; t++) {
+                let pr = pp_sh[(vb + t) * PTR + tr];
+                let v$u = pkv_sh[t * PV4 + min(tk + $uu * PTK, PV4 - 1u)];
+                oh$i$u = fma(pf4(pr[$iu]), v$u, oh$i$u);
+            }
+            o$i$u += vec4<f32>(oh$i$u);
+#else
             for (var t = 0u; t < vn; t++) {
                 let pr = pp_sh[(vb + t) * PTR + tr];
                 let v$u = pkv_sh[t * PV4 + min(tk + $uu * PTK, PV4 - 1u)];
                 o$i$u = fma(vec4<f32>(pr[$iu]), v$u, o$i$u);
             }
+#endif
         }
     }
 
