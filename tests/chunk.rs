@@ -91,6 +91,9 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
             Precision::Exact => TOL,
             Precision::Fast => FAST_TOL,
         };
+        if spec.precision == Precision::Fast {
+            eprintln!("{codecs} d={d} chunk {n} with f16 products: rel err {worst:.2e}");
+        }
         assert!(
             worst <= tol,
             "{codecs} d={d} g={} b={batch} prefix {len} chunk {n} ({:?}): rel err {worst:.2e}",
@@ -462,6 +465,74 @@ fn prefill_kernel_with_f16_products_keeps_its_contract() {
         170,
         &[40],
     );
+}
+
+/// Mean over query rows of the relative L2 error of a prefill-kernel chunk of `n` tokens
+/// after `prefix` against exact f64 attention over the original (unquantized) K/V: what a
+/// user of the codec sees. `q_scale`: the queries' spread (larger peaks the attention).
+fn error_against_the_original(spec: CacheSpec, prefix: u32, n: u32, q_scale: f32) -> f64 {
+    let (d, qh, kvh) = (spec.head_dim, spec.q_heads, spec.kv_heads);
+    let mut cache = KvCache::new(ctx(), tiled(spec.clone())).expect("cache");
+    let mut rng = Rng::new(u64::from(d * 131 + prefix + n));
+    let per = (kvh * d) as usize;
+    let (k0, v0) = (
+        rng.normals(prefix as usize * per, 1.0),
+        rng.normals(prefix as usize * per, 1.0),
+    );
+    cache.append_host(0, &k0, &v0).expect("prefix");
+    let (k1, v1) = (
+        rng.normals(n as usize * per, 1.0),
+        rng.normals(n as usize * per, 1.0),
+    );
+    let q = rng.normals((n * qh * d) as usize, q_scale);
+    let out = chunk_poisoned(&mut cache, 0, n, &k1, &v1, &q).expect("chunk");
+    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let (k, v) = ([f(&k0), f(&k1)].concat(), [f(&v0), f(&v1)].concat());
+    let scale = 1.0 / (d as f64).sqrt();
+    let want = kvq::reference::chunk_attention(
+        &f(&q),
+        &k,
+        &v,
+        qh as usize,
+        kvh as usize,
+        d as usize,
+        scale,
+        None,
+    );
+    let rows = (n * qh) as usize;
+    let err: f64 = (0..rows)
+        .map(|r| {
+            let (g, w) = (
+                &out[r * d as usize..][..d as usize],
+                &want[r * d as usize..][..d as usize],
+            );
+            let e: f64 = g.iter().zip(w).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
+            let nw: f64 = w.iter().map(|b| b * b).sum();
+            (e / nw).sqrt()
+        })
+        .sum();
+    err / rows as f64
+}
+
+#[test]
+fn f16_products_add_at_most_5_percent_to_a_quantized_codecs_error() {
+    // Precision::Fast's contract against the original K/V: for the 3- and 4-bit codecs,
+    // whose own error dwarfs f16 rounding, its error exceeds the exact kernel's by at most
+    // 5 % (relative, mean over rows), on spread and on peaked attention.
+    assert!(ctx().capabilities().f16, "the adapter has no shader-f16");
+    for codecs in ["q4_sym", "turbo3_sym", "k_iso3", "turbo4_sym", "rotor3_sym"] {
+        for (q_scale, d) in [(1.0, 128), (6.0, 64)] {
+            let s = spec(codecs, d, 8, 2, 1, 700);
+            let exact = error_against_the_original(s.clone(), 300, 200, q_scale);
+            let fast =
+                error_against_the_original(s.with_precision(Precision::Fast), 300, 200, q_scale);
+            eprintln!("{codecs} d={d} q x{q_scale}: exact {exact:.5}, fast {fast:.5}");
+            assert!(
+                fast <= 1.05 * exact,
+                "{codecs} d={d} q x{q_scale}: fast {fast:.5} against exact {exact:.5}"
+            );
+        }
+    }
 }
 
 #[test]
