@@ -31,7 +31,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--dump DIR]";
+[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision exact|fast] [--dump DIR]";
 
 struct Args {
     model: String,
@@ -43,6 +43,8 @@ struct Args {
     /// or the chunk's attention (`chunk`).
     module: KernelModule,
     dump: Option<String>,
+    /// The products' arithmetic (`--precision exact|fast`; fast: the prefill kernel's f16).
+    precision: kvq::Precision,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -54,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
         workgroup: 128,
         module: KernelModule::Step(InputType::F16),
         dump: None,
+        precision: kvq::Precision::Exact,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -66,6 +69,13 @@ fn parse_args() -> Result<Args, String> {
             "--splits" => a.splits = num(value()?)?,
             "--wg" => a.workgroup = num(value()?)?,
             "--dump" => a.dump = Some(value()?),
+            "--precision" => {
+                a.precision = match value()?.as_str() {
+                    "exact" => kvq::Precision::Exact,
+                    "fast" => kvq::Precision::Fast,
+                    p => return Err(format!("--precision {p}: exact or fast\n{USAGE}")),
+                }
+            }
             "--module" => {
                 a.module = match value()?.as_str() {
                     "step" => KernelModule::Step(InputType::F16),
@@ -88,7 +98,7 @@ fn spirv(src: &str, entry: &str, clamp: bool) -> Result<(Vec<u32>, Vec<Binding>)
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
     let info = Validator::new(
         ValidationFlags::all(),
-        Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SHADER_FLOAT16,
     )
     .validate(&module)
     .map_err(|e| e.emit_to_string(src))?;
@@ -147,7 +157,8 @@ struct Vulkan {
 }
 
 impl Vulkan {
-    fn new() -> Result<Vulkan, Error> {
+    /// `f16`: with shaderFloat16 (the f16 prefill kernel's SPIR-V needs it).
+    fn new(f16: bool) -> Result<Vulkan, Error> {
         let ext = ash::khr::pipeline_executable_properties::NAME;
         // SAFETY: plain Vulkan calls with valid create infos; every handle outlives its uses.
         unsafe {
@@ -188,10 +199,12 @@ impl Vulkan {
             let exts = [ext.as_ptr()];
             let mut feat = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
                 .pipeline_executable_info(true);
+            let mut f12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(f16);
             let info = vk::DeviceCreateInfo::default()
                 .queue_create_infos(&queues)
                 .enabled_extension_names(&exts)
-                .push_next(&mut feat);
+                .push_next(&mut feat)
+                .push_next(&mut f12);
             let device = instance.create_device(pd, &info, None)?;
             let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
             Ok(Vulkan {
@@ -320,15 +333,16 @@ fn run() -> Result<(), Error> {
     if let Some(dir) = &args.dump {
         std::fs::create_dir_all(dir)?;
     }
-    let vk = Vulkan::new()?;
+    let vk = Vulkan::new(args.precision == kvq::Precision::Fast)?;
     println!(
-        "{} — {} ctx {} (splits {}, workgroup {}, module {})",
+        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {:?})",
         vk.name,
         args.model,
         args.ctx,
         args.splits,
         args.workgroup,
-        args.module.name()
+        args.module.name(),
+        args.precision
     );
     for name in names {
         let c = KvCodecs::parse(&name)?;
@@ -348,12 +362,16 @@ fn run() -> Result<(), Error> {
             k: c.k,
             v: c.v,
             exact: Default::default(),
-            precision: Default::default(),
+            precision: args.precision,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.
         let src = cfg.module_source(args.module).map_err(|e| e.to_string())?;
-        for entry in ["split", "reduce"] {
+        let entries: &[&str] = match args.module {
+            KernelModule::Chunk => &["split", "reduce", "prefill"],
+            _ => &["split", "reduce"],
+        };
+        for &entry in entries {
             let dump = args
                 .dump
                 .as_ref()

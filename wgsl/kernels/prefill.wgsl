@@ -216,8 +216,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
                 h$i$j = fma(q$i, k$j, h$i$j);
             }
-            let hs$i$j = vec4<f32>(h$i$j);
-            s$i$j += (hs$i$j.x + hs$i$j.y) + (hs$i$j.z + hs$i$j.w);
+            // (Pairs summed in f16 first: 16 products each, then two conversions.)
+            let hs$i$j = h$i$j.xy + h$i$j.zw;
+            s$i$j += f32(hs$i$j.x) + f32(hs$i$j.y);
 #else
             for (var c = 0u; c < PKC; c++) {
                 let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
