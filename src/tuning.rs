@@ -130,15 +130,24 @@ pub struct DeviceTuning {
     /// Invocations per decode workgroup (64, 128 or 256).
     pub decode_workgroup: u32,
     /// New tokens per sequence from which a chunk slice is attended by the prefill kernel
-    /// ([`CacheSpec::prefill_from`]); `None`: never (the chunk's split kernel, measured).
+    /// ([`CacheSpec::prefill_from`]) with f32 products; `None`: never (the chunk's split
+    /// kernel).
     pub prefill_from: Option<u32>,
+    /// The same with f16 products ([`crate::Precision::Fast`] on an adapter with
+    /// `shader-f16`), which make the prefill kernel a different kernel for speed.
+    pub prefill_from_f16: Option<u32>,
 }
 
 impl DeviceTuning {
     /// The prefill threshold for `spec`: its own [`CacheSpec::prefill_from`], else this
-    /// tuning's.
-    pub fn prefill_from(&self, spec: &CacheSpec) -> Option<u32> {
-        spec.prefill_from.or(self.prefill_from)
+    /// tuning's for its kernels' products (`half`: f16, [`crate::Precision::Fast`] where the
+    /// adapter has it).
+    pub fn prefill_from(&self, spec: &CacheSpec, half: bool) -> Option<u32> {
+        let tuned = match half {
+            true => self.prefill_from_f16,
+            false => self.prefill_from,
+        };
+        spec.prefill_from.or(tuned)
     }
 
     /// The decode workgroup for `spec`: its own [`CacheSpec::workgroup`], else this tuning's.
@@ -166,6 +175,7 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
     },
     decode_workgroup: 128,
     prefill_from: None,
+    prefill_from_f16: None,
 };
 
 /// NVIDIA H200 (132 multiprocessors), where every default was measured (BENCHMARKS.md, "Split
@@ -189,6 +199,7 @@ pub const H200: DeviceTuning = DeviceTuning {
     },
     decode_workgroup: 128,
     prefill_from: None,
+    prefill_from_f16: None,
 };
 
 /// Every adapter kvq has no measurements for: Apple, AMD, Intel, browsers (whose adapter
@@ -215,6 +226,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
     },
     decode_workgroup: 128,
     prefill_from: None,
+    prefill_from_f16: None,
 };
 
 /// The measured tunings, the first match wins; an adapter none matches gets [`UNMEASURED`].

@@ -108,7 +108,10 @@ pub(super) fn plan(
     let what = "max_compute_workgroup_storage_size";
     fits_workgroup(what, cfg.split_workgroup_bytes()?)?;
     // The prefill kernel where the cache asks for it and it serves the cache.
-    if let (Some(rows), Some(from)) = (cfg.prefill_rows(), tuning.prefill_from(spec)) {
+    if let (Some(rows), Some(from)) = (
+        cfg.prefill_rows(),
+        tuning.prefill_from(spec, cfg.half_products()),
+    ) {
         let what = "max_compute_workgroup_storage_size (the prefill kernel)";
         fits_workgroup(what, cfg.prefill_workgroup_bytes()?)?;
         layout.prefill = Some((rows, from.max(1)));
