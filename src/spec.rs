@@ -148,7 +148,8 @@ pub struct CacheSpec {
     /// Chunk slices of at least this many new tokens per sequence are attended by the
     /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
-    /// [`crate::tuning`] entry's (no adapter has measured it yet: none), `Some(u32::MAX)`
+    /// [`crate::tuning`] entry's (none on every adapter: on the H200 the split kernel was
+    /// faster with f32 products, and with f16 ones for some codecs only), `Some(u32::MAX)`
     /// never. Both kernels compute the same attention; this only chooses the faster one. A
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.
