@@ -78,7 +78,7 @@ pub struct Kvq {
 impl Kvq {
     /// A cache with `codecs` for `tokens` positions on `ctx`'s device (a layer's forward runs
     /// exactly that many tokens), chunk slices of at least `prefill_from` tokens attended by
-    /// the prefill kernel.
+    /// the prefill kernel, its products' arithmetic `precision`.
     pub fn new(
         ctx: &GpuContext,
         cfg: &Config,
@@ -86,6 +86,7 @@ impl Kvq {
         exact: ExactTokens,
         tokens: u32,
         prefill_from: Option<u32>,
+        precision: kvq::Precision,
     ) -> Result<Kvq, String> {
         let mut spec = CacheSpec::new(
             cfg.layers as u32,
@@ -97,6 +98,7 @@ impl Kvq {
         .with_codecs(codecs);
         spec.exact = exact;
         spec.prefill_from = prefill_from;
+        spec.precision = precision;
         let cache = KvCache::new(ctx, spec).map_err(|e| e.to_string())?;
         let kv_row = (cfg.kv_heads * cfg.head_dim * 4) as u64;
         let q_row = (cfg.q_heads * cfg.head_dim * 4) as u64;

@@ -71,6 +71,8 @@ pub struct Setup {
     /// Chunk slices of at least this many tokens take kvq's prefill kernel
     /// (`CacheSpec::prefill_from`); None: the adapter's tuning.
     pub prefill_from: Option<u32>,
+    /// The caches' products (`CacheSpec::precision`).
+    pub precision: kvq::Precision,
 }
 
 /// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root
@@ -124,6 +126,7 @@ impl Setup {
             tokens,
             ctx,
             prefill_from: None,
+            precision: kvq::Precision::Exact,
         })
     }
 
@@ -145,7 +148,7 @@ impl Setup {
                     c.v.bits_per_value(d) + extra,
                 );
                 let n = self.tokens.len() as u32;
-                let a = Kvq::new(&self.ctx, cfg, c, x, n, self.prefill_from)?;
+                let a = Kvq::new(&self.ctx, cfg, c, x, n, self.prefill_from, self.precision)?;
                 (Box::new(a) as Box<dyn Attention>, bits)
             }
             Cache::Kvq(c) | Cache::Sim(c, _) => {
@@ -167,6 +170,7 @@ impl Setup {
                         ExactTokens::NONE,
                         self.tokens.len() as u32,
                         self.prefill_from,
+                        self.precision,
                     )?),
                 };
                 (a, bits)

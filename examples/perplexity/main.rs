@@ -63,6 +63,8 @@ const USAGE: &str =
                  recentN keeps exact, no longer count
   --prefill-from N  attend chunk slices of at least N tokens with kvq's prefill kernel
                  (CacheSpec::prefill_from; default: the adapter's tuning)
+  --precision exact|fast  the caches' products (CacheSpec::precision; fast: f16 where the
+                 adapter has shader-f16, today in the prefill kernel)
   --levers-only  run only the lever rows (and exact, none): not the codecs' GPU rows
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
   --plot FILE    KL divergence against stored bits per value, SVG
@@ -87,6 +89,7 @@ struct Args {
     plot: Option<PathBuf>,
     replot: Option<PathBuf>,
     prefill_from: Option<u32>,
+    precision: kvq::Precision,
 }
 
 impl Args {
@@ -120,6 +123,7 @@ fn parse_args() -> Result<Args, String> {
         plot: None,
         replot: None,
         prefill_from: None,
+        precision: kvq::Precision::Exact,
     };
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
@@ -166,6 +170,13 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("bad --prefill-from {val}"))?;
                 a.prefill_from = Some(n.max(1));
+            }
+            "--precision" => {
+                a.precision = match val.as_str() {
+                    "exact" => kvq::Precision::Exact,
+                    "fast" => kvq::Precision::Fast,
+                    _ => return Err(format!("bad --precision {val}: exact or fast")),
+                }
             }
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
@@ -446,6 +457,7 @@ fn run(args: &Args) -> Result<(), String> {
         args.tokens,
     )?;
     setup.prefill_from = args.prefill_from;
+    setup.precision = args.precision;
     let cfg = &setup.model.cfg;
     let device = format!("{} ({:?})", setup.ctx.info.name, setup.ctx.info.backend);
     eprintln!(
