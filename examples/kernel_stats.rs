@@ -70,11 +70,9 @@ fn parse_args() -> Result<Args, String> {
             "--wg" => a.workgroup = num(value()?)?,
             "--dump" => a.dump = Some(value()?),
             "--precision" => {
-                a.precision = match value()?.as_str() {
-                    "exact" => kvq::Precision::Exact,
-                    "fast" => kvq::Precision::Fast,
-                    p => return Err(format!("--precision {p}: exact or fast\n{USAGE}")),
-                }
+                a.precision = value()?
+                    .parse()
+                    .map_err(|e| format!("--precision: {e}\n{USAGE}"))?
             }
             "--module" => {
                 a.module = match value()?.as_str() {
@@ -163,7 +161,8 @@ impl Vulkan {
         // SAFETY: plain Vulkan calls with valid create infos; every handle outlives its uses.
         unsafe {
             let entry = ash::Entry::load()?;
-            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_1);
+            // (1.2: the f16 feature is chained as Vulkan 1.2 features.)
+            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
             let instance = entry.create_instance(
                 &vk::InstanceCreateInfo::default().application_info(&app),
                 None,

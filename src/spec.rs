@@ -10,22 +10,53 @@ pub const MAX_LENGTHS: u64 = 1 << 20;
 ///
 /// A quantized codec's own error on the attention output is orders of magnitude larger
 /// than f16 rounding, so its products need not be f32: `Fast` trades an exact match with
-/// the reference over the dequantized store for the f16 products GPUs issue at twice the
-/// rate of f32 ones.
+/// the reference over the dequantized store for f16 operands, which halve the bytes a
+/// kernel moves through workgroup memory and the instructions of its products (packed f16
+/// pairs). What a cache got is [`crate::KernelConfig::precision`]
+/// (`cache.kernel_config().precision`): `Exact` where the adapter has no `shader-f16`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Precision {
     /// f32 operands and products throughout: the GPU's attention matches the f64 reference
     /// over the dequantized store to about 1e-6 relative (tested to 1e-3).
     #[default]
     Exact,
-    /// f16 operands and products where a kernel has them (today the prefill kernel: its
-    /// query and K/V tiles in f16, their products summed in f16 over at most 32 terms and
-    /// then added into f32; every softmax maximum, sum and rescale in f32), on adapters with
-    /// `shader-f16` ([`crate::Capabilities::f16`]); elsewhere, as on the browser target
-    /// without it, the same kernels as `Exact`. Attention then lies within 1e-2 (relative)
-    /// of the reference over the dequantized store. A K or V value or a query · key partial
-    /// sum beyond f16's range (±65504) is not representable: keep such caches `Exact`.
+    /// f16 operands and products where a kernel has them, on adapters with `shader-f16`
+    /// ([`crate::Capabilities::f16`]); elsewhere, as on a browser without it, the same
+    /// kernels as `Exact`. Today only the prefill kernel has them (its query and K/V tiles
+    /// and its weights in f16, products summed in f16 at most 16 to a sum and then added
+    /// into f32; every softmax maximum, sum and rescale in f32), so `Fast` changes chunks
+    /// that kernel attends ([`CacheSpec::prefill_from`]) and nothing else. Tested within
+    /// 1e-2 (relative) of the reference over the dequantized store, and for 3/4-bit codecs
+    /// within 5 % of `Exact`'s error against the original K/V. f16's range bounds it: K
+    /// values or sums of 16 query · key products past ±65504, or V values past about
+    /// ±4000, overflow to a wrong or NaN output; keep such caches `Exact`.
     Fast,
+}
+
+impl Precision {
+    /// `"exact"` or `"fast"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Fast => "fast",
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = crate::KvqError;
+
+    /// `"exact"` or `"fast"`.
+    fn from_str(s: &str) -> crate::Result<Precision> {
+        match s {
+            "exact" => Ok(Precision::Exact),
+            "fast" => Ok(Precision::Fast),
+            _ => Err(crate::KvqError::InvalidSpec(format!(
+                "precision '{s}': exact or fast"
+            ))),
+        }
+    }
 }
 
 /// Tokens a cache keeps exact (f16, as the caller gave them) beside their codes, and attends

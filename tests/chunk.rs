@@ -60,6 +60,11 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
     // The last layer: its lengths and rows follow every other layer's.
     let layer = spec.layers - 1;
     let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
+    if spec.precision == Precision::Fast {
+        // The f16 kernel, not the exact one it falls back to without shader-f16.
+        assert_eq!(cache.kernel_config().precision, Precision::Fast);
+        assert!(cache.layout().prefill.is_some());
+    }
     let mut rng = Rng::new(u64::from(d * 7919 + q_heads * 31 + prefix));
     let per = (batch * kv_heads * d) as usize;
     if prefix > 0 {
@@ -87,11 +92,9 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
             }
         }
         // f16 products (Precision::Fast) are held to their own contract against the reference.
-        let tol = match spec.precision {
-            Precision::Exact => TOL,
-            Precision::Fast => FAST_TOL,
-        };
-        if spec.precision == Precision::Fast {
+        let fast = spec.precision == Precision::Fast;
+        let tol = if fast { FAST_TOL } else { TOL };
+        if fast {
             eprintln!("{codecs} d={d} chunk {n} with f16 products: rel err {worst:.2e}");
         }
         assert!(
@@ -444,9 +447,9 @@ const FAST_TOL: f64 = 1e-2;
 
 #[test]
 fn prefill_kernel_with_f16_products_keeps_its_contract() {
-    // Every kind of K tile (f16, int, rotated, QJL signs), V rows of each width, exact
-    // tokens' rows, a wrapped ring, several tiles per split; the adapter must offer
-    // shader-f16 (lavapipe does), else this would test the exact kernel.
+    // Every kind of K tile (f16, int, rotated, QJL signs), V rows of each width, a wrapped
+    // ring, several tiles per split (exact tokens' rows: tests/exact.rs); the adapter must
+    // offer shader-f16 (lavapipe does), else this would test the exact kernel.
     assert!(ctx().capabilities().f16, "the adapter has no shader-f16");
     let fast = |s: CacheSpec| tiled(s).with_precision(Precision::Fast);
     check(fast(spec("none", 64, 8, 2, 3, 300)), 1, &[8, 129]);
@@ -473,6 +476,7 @@ fn prefill_kernel_with_f16_products_keeps_its_contract() {
 fn error_against_the_original(spec: CacheSpec, prefix: u32, n: u32, q_scale: f32) -> f64 {
     let (d, qh, kvh) = (spec.head_dim, spec.q_heads, spec.kv_heads);
     let mut cache = KvCache::new(ctx(), tiled(spec.clone())).expect("cache");
+    assert_eq!(cache.kernel_config().precision, spec.precision);
     let mut rng = Rng::new(u64::from(d * 131 + prefix + n));
     let per = (kvh * d) as usize;
     let (k0, v0) = (

@@ -171,13 +171,7 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| format!("bad --prefill-from {val}"))?;
                 a.prefill_from = Some(n.max(1));
             }
-            "--precision" => {
-                a.precision = match val.as_str() {
-                    "exact" => kvq::Precision::Exact,
-                    "fast" => kvq::Precision::Fast,
-                    _ => return Err(format!("bad --precision {val}: exact or fast")),
-                }
-            }
+            "--precision" => a.precision = val.parse().map_err(|e| format!("--precision: {e}"))?,
             "--csv" => a.csv = Some(val.into()),
             "--plot" => a.plot = Some(val.into()),
             "--replot" => a.replot = Some(val.into()),

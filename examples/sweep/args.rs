@@ -172,13 +172,7 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         "--busy" => a.busy_ms = Some(num(&val)?),
         "--splits" => a.splits = Some(num(&val)?),
         "--prefill-from" => a.prefill_from = Some(num(&val)?.max(1)),
-        "--precision" => {
-            a.precision = match val.as_str() {
-                "exact" => kvq::Precision::Exact,
-                "fast" => kvq::Precision::Fast,
-                _ => return Err(format!("--precision takes exact or fast, not {val}")),
-            }
-        }
+        "--precision" => a.precision = val.parse().map_err(|e| format!("--precision: {e}"))?,
         "--batch" => {
             a.batch = num(&val)?;
             if a.batch == 0 {

@@ -45,6 +45,9 @@ pub struct Row {
     /// The kernel that attends the step's queries: `step` (one new token: the fused step),
     /// `split` (a chunk, its split kernel) or `prefill` (a chunk, the prefill kernel).
     pub kernel: &'static str,
+    /// The cache's products as the adapter resolved them (`exact` where `fast` was asked
+    /// of an adapter without shader-f16).
+    pub precision: kvq::Precision,
     /// The point's figure (GPU ms where timed, else step ms) in each round, in round order:
     /// the timing fields above are the medians of the rounds' medians.
     pub rounds: Vec<f64>,
@@ -284,6 +287,7 @@ impl PointRun<'_> {
             splits: l.splits,
             batch: args.batch,
             queries: self.queries,
+            precision: cache.kernel_config().precision,
             kernel: match inputs.chunk_io.first() {
                 _ if self.queries == 1 => "step",
                 Some(io) if io.prefill() => "prefill",

@@ -13,7 +13,8 @@ pub enum Target {
     Native,
     /// A browser's WebGPU (Tint in Chrome, also Dawn outside a browser; naga in Firefox):
     /// `enable f16;` where the `f16` type is used, and no subgroup operations (browsers
-    /// cannot grant subgroups through wgpu). Today's kernels use neither, so the text equals
+    /// cannot grant subgroups through wgpu). Today's kernels use no subgroups, and f16 only
+    /// with [`crate::Precision::Fast`], whose text enables it already, so the text equals
     /// [`Target::Native`]'s; a kernel that needs subgroups is refused for this target.
     Browser,
 }
@@ -138,6 +139,11 @@ pub(super) fn module_for_target(
     let src = cfg.module_source(module)?;
     let code = code_only(&src);
     let mut features = Vec::new();
+    // Any target's host must request shader-f16 for a module that uses f16.
+    let f16 = has_word(&code, "f16");
+    if f16 {
+        features.push("shader-f16");
+    }
     if target == Target::Browser {
         if code.contains("subgroup") {
             return Err(KvqError::InvalidSpec(format!(
@@ -145,11 +151,8 @@ pub(super) fn module_for_target(
                 module.name()
             )));
         }
-        if has_word(&code, "f16") {
-            features.push("shader-f16");
-            if !code.contains("enable f16;") {
-                return Ok((format!("enable f16;\n{src}"), features));
-            }
+        if f16 && !code.contains("enable f16;") {
+            return Ok((format!("enable f16;\n{src}"), features));
         }
     }
     Ok((src, features))

@@ -310,8 +310,9 @@ impl KernelConfig {
         // V rows of a sub-tile: a power of two (it divides the 64 keys of a tile) whose rows
         // fill at most the K/V tile.
         let fit = (self.prefill_kv_values() / 4 / pv4).max(1);
-        // (f16 products sum at most 32 rows in f16.)
-        let fit = fit.min(if self.half_products() { 32 } else { 64 });
+        // (f16 sums take at most 16 V rows, whose weights are up to 1 each: V values up to
+        // 4,000 stay inside f16's range.)
+        let fit = fit.min(if self.half_products() { 16 } else { 64 });
         PrefillTile {
             query_codes,
             query_width,
@@ -718,7 +719,7 @@ pub(crate) const PREFILL_KEYS_PER_LANE: u32 = 4;
 /// Floats of the prefill kernel's query tile (16 KiB): rows × `PQW`.
 pub(crate) const PREFILL_QUERY_FLOATS: u32 = 4096;
 
-/// Bytes of the prefill kernel's K/V tile: 4 coordinates of 64 keys' K at a time (8 with
+/// Bytes of the prefill kernel's K/V tile: 16 coordinates of 64 keys' K at a time (32 with
 /// f16 products), then `PVK` decoded V rows at a time. With the query tile (16 KiB) and the
 /// weights (8 KiB) the kernel stays within the 32 KiB of workgroup memory kvq asks of an
 /// adapter.
@@ -888,9 +889,10 @@ mod tests {
                 assert!(t.query_width.is_multiple_of(32), "{codecs} d={d}");
                 assert!(t.value_keys.is_power_of_two() && t.value_keys <= 64);
                 if precision == Precision::Fast {
-                    // An f16 sum takes at most 32 terms: a K pass's coordinates, V rows.
+                    // An f16 sum takes at most 16 products: half a K pass's 32 coordinates
+                    // (pairs summed), 16 V rows.
                     let pass = c.prefill_kv_values() / (PREFILL_LANES * PREFILL_KEYS_PER_LANE);
-                    assert!(pass <= 32 && t.value_keys <= 32, "{codecs} d={d}");
+                    assert!(pass <= 32 && t.value_keys <= 16, "{codecs} d={d}");
                 }
                 match c.prefill_rows() {
                     Some(rows) => {

@@ -21,9 +21,9 @@
 #unroll $r QV
 
 // The tiles' element type: f32, or with PH (the cache's fast precision on an adapter with
-// shader-f16) f16 operands whose products are summed in f16 over at most 32 coordinates (a
-// K pass) or 32 V rows and then added into the f32 scores and outputs; the softmax, its
-// maxima and sums stay f32.
+// shader-f16) f16 operands whose products are summed in f16, at most 16 to a sum (half a K
+// pass's 32 coordinates; 16 V rows), and then added into the f32 scores and outputs; the
+// softmax, its maxima and sums stay f32.
 #if PH
 alias pf = f16;
 #else
@@ -254,7 +254,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         let mn$i = max(m$i, mt[$iu]);
         let al$i = exp(m$i - mn$i);
         m$i = mn$i;
-        let p$i$j = select(0.0, exp(s$i$j - mn$i), ok$i$j);
+        // (With f16 weights the sums add them as rounded, so that a weight the f16 tile
+        // flushes to zero leaves the sum as it leaves the output.)
+        let p$i$j = f32(pf(select(0.0, exp(s$i$j - mn$i), ok$i$j)));
         l$i *= al$i;
         l$i += p$i$j;
         o$i$u *= al$i;
