@@ -16,7 +16,9 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
     # codec, ctx, step ms, GPU ms
     tail -n 40 "$out/$name-r$r.log" | grep -E "^ *[a-z0-9_=,+]+ +[0-9]+ " | awk '{printf "%s %s %s %s\n", $1, $2, $3, $5}' \
       || tail -n 5 "$out/$name-r$r.log"
+    # Only a few files come back from the device machine: each run goes into one archive at
+    # once, so a call cut short by its time limit still brings back every finished run.
+    (cd "$out" && tar rf ab.tar ./"$name-r$r".* && rm -f ./"$name-r$r".*)
   done
 done
-# Only a few files come back from the device machine: one archive holds every CSV and log.
-(cd "$out" && tar czf "ab-$(date -u +%H%M%S).tgz" ./*.csv ./*.log && rm -f ./*.csv ./*.log)
+gzip -f "$out/ab.tar"
