@@ -10,6 +10,7 @@ mod config;
 mod module;
 mod pipelines;
 mod poison;
+mod prefill_tile;
 mod preprocess;
 mod workgroup;
 

@@ -31,6 +31,13 @@ alias pf = f32;
 #endif
 alias pf4 = vec4<pf>;
 
+// A K pass's partial products (vec4 lanes of pf) summed into f32: with f16, pairs in f16
+// first (16 products a sum), then two conversions.
+fn psum(h: pf4) -> f32 {
+    let p = h.xy + h.zw;
+    return f32(p.x) + f32(p.y);
+}
+
 // Invocations: PTR row groups of PTK lanes; each lane scores PKT keys of a tile.
 const PWG: u32 = PTR * PTK;
 const PBC: u32 = PTK * PKT;
@@ -209,23 +216,13 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 pkv_sh[x] = pf4(k_dec4(row0 + run_slot(u, runs), c));
             }
             workgroupBarrier();
-#if PH
             var h$i$j = pf4(0.0);
             for (var c = 0u; c < PKC; c++) {
                 let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
                 let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
                 h$i$j = fma(q$i, k$j, h$i$j);
             }
-            // (Pairs summed in f16 first: 16 products each, then two conversions.)
-            let hs$i$j = h$i$j.xy + h$i$j.zw;
-            s$i$j += f32(hs$i$j.x) + f32(hs$i$j.y);
-#else
-            for (var c = 0u; c < PKC; c++) {
-                let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
-                let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
-                s$i$j = fma4(s$i$j, q$i, k$j);
-            }
-#endif
+            s$i$j += psum(h$i$j);
         }
 #if EXACT
         var pos$j: u32;
@@ -295,7 +292,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
             }
             workgroupBarrier();
             let vn = min(PVK, tn - vb);
-#if PH
+            // (Summed in pf over the batch's at most 16 rows, then into the f32 outputs.)
             var oh$i$u = pf4(0.0);
             for (var t = 0u; t < vn; t++) {
                 let pr = pp_sh[(vb + t) * PTR + tr];
@@ -303,13 +300,6 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 oh$i$u = fma(pf4(pr[$iu]), v$u, oh$i$u);
             }
             o$i$u += vec4<f32>(oh$i$u);
-#else
-            for (var t = 0u; t < vn; t++) {
-                let pr = pp_sh[(vb + t) * PTR + tr];
-                let v$u = pkv_sh[t * PV4 + min(tk + $uu * PTK, PV4 - 1u)];
-                o$i$u = fma(vec4<f32>(pr[$iu]), v$u, o$i$u);
-            }
-#endif
         }
     }
 
