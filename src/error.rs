@@ -65,10 +65,12 @@ pub enum KvqError {
         reason: String,
     },
     /// A codec name that does not exist.
-    #[error("unknown codec '{name}'; valid names: {valid}")]
+    #[error("unknown codec '{name}'{hint}; valid names: {valid}")]
     UnknownCodec {
         /// The name given.
         name: String,
+        /// What was probably meant (` (did you mean ...?)`), or empty.
+        hint: String,
         /// The valid names, comma separated.
         valid: String,
     },
@@ -94,11 +96,33 @@ pub enum KvqError {
         /// Capacity in tokens.
         capacity: u32,
     },
-    /// Attention over a sequence that holds no tokens.
-    #[error("layer {layer} holds no tokens: append before attending")]
+    /// Host attention ([`crate::KvCache::attend_host`]) over a sequence that holds no tokens.
+    #[error("sequence {seq} of layer {layer} holds no tokens: append before attending")]
     EmptySequence {
         /// Layer.
         layer: u32,
+        /// Sequence.
+        seq: u32,
+    },
+    /// A sequence index past the cache's batch; nothing was changed.
+    #[error("sequence {seq} out of range (the cache holds {batch} sequences)")]
+    SequenceOutOfRange {
+        /// The sequence asked for.
+        seq: u32,
+        /// Sequences in the cache.
+        batch: u32,
+    },
+    /// An argument the call cannot take (no new tokens, a cut past a sequence's length, a
+    /// chunk longer than a sliding window allows); nothing was changed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// An io object ([`crate::AppendInput`], [`crate::AttendIo`], [`crate::StepIo`],
+    /// [`crate::ChunkIo`]) recorded on a cache other than the one that prepared it: its
+    /// bindings and sizes are that cache's. Nothing was recorded.
+    #[error("{what} was prepared by another KvCache: prepare it with the cache that records it")]
+    WrongCache {
+        /// Which io object.
+        what: &'static str,
     },
     /// A host slice of the wrong length.
     #[error("{what}: expected {expected} values, got {got}")]

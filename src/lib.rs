@@ -41,3 +41,8 @@ pub use memory::{MemoryReport, StoreBytes};
 pub use spec::{
     CacheSpec, EXACT_CHUNK_SLICE, ExactTokens, MAX_CAPACITY, MAX_EXACT_TOKENS, Precision,
 };
+
+// The README's Rust snippet, compiled with the doctests (not run: it opens a GPU).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

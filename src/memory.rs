@@ -70,9 +70,10 @@ impl StoreBytes {
 /// Every byte of device memory a [`crate::KvCache`] owns, by part, from the sizes of the
 /// buffers it allocated ([`crate::KvCache::memory`]).
 ///
-/// Not included: the 16-byte parameter uniform inside each [`crate::AppendInput`] and
-/// [`crate::cache::StepIo`] the caller prepares (it lives and dies with that object), and the
-/// caller's own buffers.
+/// Not included: the 16-byte parameter uniforms and the bind groups inside each io object the
+/// caller prepares ([`crate::AppendInput`], [`crate::StepIo`], [`crate::ChunkIo`]: they live
+/// and die with that object), a chunk scratch that a longer chunk has since replaced (kept
+/// until the last [`crate::ChunkIo`] bound to it is dropped), and the caller's own buffers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
     /// The K store (all layers and segments).
@@ -86,6 +87,11 @@ pub struct MemoryReport {
     pub constants: u64,
     /// Scratch: the decode split partials (per query head and split: output, max, sum).
     pub scratch: u64,
+    /// The chunks' decode scratch, shared by every [`crate::ChunkIo`] of the cache: each of
+    /// its slice's queries takes a decode query's partials (and with the prefill kernel its
+    /// rotated query), 0 until the first [`crate::KvCache::chunk_io`]
+    /// ([`crate::ChunkIo::scratch_bytes`]).
+    pub chunk_scratch: u64,
     /// Uniform parameter buffers (one per storage segment of each layer).
     pub params: u64,
     /// The exact tokens' rows and any K means ([`crate::ExactTokens`]; 0 where the cache keeps
@@ -128,6 +134,7 @@ impl MemoryReport {
             + self.lengths
             + self.constants
             + self.scratch
+            + self.chunk_scratch
             + self.params
             + self.exact
             + self.host_staging

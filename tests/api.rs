@@ -84,7 +84,7 @@ fn bad_calls_are_typed_errors_and_change_nothing() {
     ));
     assert!(matches!(
         cache.attend_host(0, &vec![0.0; 4 * 64]),
-        Err(KvqError::EmptySequence { layer: 0 })
+        Err(KvqError::EmptySequence { layer: 0, seq: 0 })
     ));
     assert!(matches!(
         cache.attend_host(0, &[0.0; 3]),
@@ -130,7 +130,7 @@ fn bad_calls_are_typed_errors_and_change_nothing() {
     ));
     assert!(matches!(
         cache.append_input(&right, &right, 0, InputType::F32),
-        Err(KvqError::InvalidSpec(_))
+        Err(KvqError::InvalidArgument(_))
     ));
     let qbuf = buffer(4 * 64 * 4, wgpu::BufferUsages::STORAGE);
     assert!(matches!(
@@ -292,6 +292,104 @@ fn foreign_device_buffers_are_typed_errors() {
         .attend_host(0, &rng.normals(qo as usize / 4, 1.0))
         .unwrap();
     assert!(out.iter().all(|x| x.is_finite()));
+}
+
+/// A buffer kvq writes that is also passed as another argument, and io objects recorded on a
+/// cache that did not prepare them: typed errors, nothing recorded (wgpu would otherwise
+/// panic when the caller's encoder is finished, or the kernels index another cache's shape).
+#[test]
+fn aliased_buffers_and_another_caches_io_are_typed_errors() {
+    let a = KvCache::new(ctx(), CacheSpec::new(1, 4, 2, 64, 16)).unwrap();
+    let mut b = KvCache::new(ctx(), CacheSpec::new(2, 8, 4, 64, 16)).unwrap();
+    let usage = wgpu::BufferUsages::STORAGE;
+    let (kv, qo) = (4 * 4 * 64 * 4, 8 * 4 * 64 * 4);
+    let (k, v, q, out) = (
+        buffer(kv, usage),
+        buffer(kv, usage),
+        buffer(qo, usage),
+        buffer(qo, usage),
+    );
+    let bad = |r: kvq::Result<()>, what: &str| match r {
+        Err(KvqError::BadBuffer { what: w, problem }) => {
+            assert_eq!(w, what, "{problem}");
+            assert!(problem.contains("also passed"), "{problem}");
+        }
+        r => panic!("{what}: {r:?}"),
+    };
+    bad(a.attend_io(&q, &q).map(|_| ()), "out");
+    bad(
+        a.step_io(&k, &v, 1, InputType::F32, &q, &q).map(|_| ()),
+        "out",
+    );
+    bad(
+        a.step_io(&k, &v, 1, InputType::F32, &q, &k).map(|_| ()),
+        "out",
+    );
+    bad(
+        a.chunk_io(&k, &v, 4, InputType::F32, &q, &v).map(|_| ()),
+        "out",
+    );
+    bad(
+        a.chunk_io_lse(&k, &v, 4, InputType::F32, &q, &out, &out)
+            .map(|_| ()),
+        "out",
+    );
+    // K and V may share a buffer: kvq only reads them.
+    a.step_io(&k, &k, 1, InputType::F32, &q, &out).unwrap();
+
+    // Every io object of cache a, recorded on cache b.
+    let append = a.append_input(&k, &v, 1, InputType::F32).unwrap();
+    let attend = a.attend_io(&q, &out).unwrap();
+    let step = a.step_io(&k, &v, 1, InputType::F32, &q, &out).unwrap();
+    let chunk = a.chunk_io(&k, &v, 2, InputType::F32, &q, &out).unwrap();
+    let mut enc = ctx().device.create_command_encoder(&Default::default());
+    let wrong = |r: kvq::Result<()>, what: &str| {
+        assert!(
+            matches!(r, Err(KvqError::WrongCache { what: w }) if w == what),
+            "{what}: {r:?}"
+        )
+    };
+    wrong(b.append(&mut enc, 1, &append), "AppendInput");
+    wrong(b.attend(&mut enc, 1, &attend), "AttendIo");
+    wrong(b.step(&mut enc, 1, &step), "StepIo");
+    wrong(b.chunk(&mut enc, 1, &chunk), "ChunkIo");
+    ctx().queue.submit([enc.finish()]);
+    assert!(b.is_empty());
+    assert_eq!(b.read_gpu_lengths().unwrap().0, vec![0, 0]);
+}
+
+/// Every ChunkIo of a cache binds one chunk scratch, which memory() reports: a chunk io per
+/// layer costs no more scratch than one, and a longer chunk replaces it.
+#[test]
+fn chunk_ios_share_one_scratch_that_memory_reports() {
+    let spec = CacheSpec::new(3, 4, 2, 64, 600);
+    let cache = KvCache::new(ctx(), spec).unwrap();
+    assert_eq!(cache.memory().chunk_scratch, 0);
+    let usage = wgpu::BufferUsages::STORAGE;
+    let n = 300u64;
+    let (k, v, q, out) = (
+        buffer(n * 2 * 64 * 4, usage),
+        buffer(n * 2 * 64 * 4, usage),
+        buffer(n * 4 * 64 * 4, usage),
+        buffer(n * 4 * 64 * 4, usage),
+    );
+    let small: Vec<_> = (0..3)
+        .map(|_| cache.chunk_io(&k, &v, 8, InputType::F32, &q, &out).unwrap())
+        .collect();
+    let one = small[0].scratch_bytes();
+    assert!(one > 0);
+    assert!(small.iter().all(|c| c.scratch_bytes() == one));
+    let m = cache.memory();
+    assert_eq!(m.chunk_scratch, one);
+    assert!(m.total() >= m.store() + m.scratch + one);
+    // A longer chunk (a whole slice) needs more: the cache's scratch grows, once.
+    let long = cache
+        .chunk_io(&k, &v, n as u32, InputType::F32, &q, &out)
+        .unwrap();
+    assert!(long.scratch_bytes() > one);
+    assert_eq!(cache.memory().chunk_scratch, long.scratch_bytes());
+    let again = cache.chunk_io(&k, &v, 8, InputType::F32, &q, &out).unwrap();
+    assert_eq!(again.scratch_bytes(), long.scratch_bytes());
 }
 
 /// Append, fused step and attend on `gpu` for `codecs`: (the step's output, then attend's).

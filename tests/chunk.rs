@@ -255,11 +255,12 @@ fn bad_chunks_are_typed_errors_with_nothing_written() {
         .with_window(32);
     let ring = KvCache::new(ctx(), ring).unwrap();
     let qb = storage_buffer(&gpu, &q);
+    let ob = storage_buffer(&gpu, &q);
     let e = ring
-        .chunk_io(&kb, &vb, 10, InputType::F32, &qb, &qb)
+        .chunk_io(&kb, &vb, 10, InputType::F32, &qb, &ob)
         .err()
         .unwrap();
-    assert!(matches!(e, KvqError::InvalidSpec(_)), "{e}");
+    assert!(matches!(e, KvqError::InvalidArgument(_)), "{e}");
     // The host API refuses a query of the wrong length.
     let e = cache.chunk_host(0, &k[..per], &v[..per], &q).unwrap_err();
     assert!(matches!(e, KvqError::WrongLength { .. }), "{e}");

@@ -248,12 +248,16 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize, Option<u32>), ops: &[Op]
             }
             Op::Truncate { seq, len } => {
                 let r = cache.truncate(seq, len);
-                if seq >= batch
-                    || lens
-                        .iter()
-                        .any(|l| len > l[seq as usize] || lost(l[seq as usize], len))
+                if seq >= batch {
+                    assert!(
+                        matches!(r, Err(KvqError::SequenceOutOfRange { .. })),
+                        "{r:?}"
+                    );
+                } else if lens
+                    .iter()
+                    .any(|l| len > l[seq as usize] || lost(l[seq as usize], len))
                 {
-                    assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
+                    assert!(matches!(r, Err(KvqError::InvalidArgument(_))), "{r:?}");
                 } else {
                     r.unwrap();
                     lens.iter_mut().for_each(|l| l[seq as usize] = len);
@@ -262,7 +266,10 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize, Option<u32>), ops: &[Op]
             Op::Reset { seq } => {
                 let r = cache.reset(seq);
                 if seq >= batch {
-                    assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
+                    assert!(
+                        matches!(r, Err(KvqError::SequenceOutOfRange { .. })),
+                        "{r:?}"
+                    );
                 } else {
                     r.unwrap();
                     lens.iter_mut().for_each(|l| l[seq as usize] = 0);
@@ -273,7 +280,10 @@ fn run_ops(shape: (u32, u32, u32, u32, u32, u32, usize, Option<u32>), ops: &[Op]
                 if layer >= layers {
                     assert!(matches!(r, Err(KvqError::LayerOutOfRange { .. })), "{r:?}");
                 } else if seq >= batch {
-                    assert!(matches!(r, Err(KvqError::InvalidSpec(_))), "{r:?}");
+                    assert!(
+                        matches!(r, Err(KvqError::SequenceOutOfRange { .. })),
+                        "{r:?}"
+                    );
                 } else {
                     assert_eq!(r.unwrap(), lens[layer as usize][seq as usize]);
                 }

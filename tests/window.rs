@@ -289,7 +289,7 @@ fn rollback_within_the_ring_and_sequences_at_different_lengths() {
         // One token more than the ring can give back: refused, nothing changed.
         let too_far = r.cache.truncate(1, len - slack - 1);
         assert!(
-            matches!(too_far, Err(KvqError::InvalidSpec(_))),
+            matches!(too_far, Err(KvqError::InvalidArgument(_))),
             "{name}: {too_far:?}"
         );
         assert_eq!(r.cache.len(0, 1).unwrap(), len);

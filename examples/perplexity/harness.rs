@@ -111,10 +111,15 @@ impl Setup {
         let model = Model::load(model)?;
         let tok = tokenizer(&model)?;
         let body = std::fs::read_to_string(text).map_err(|e| format!("{}: {e}", text.display()))?;
-        let mut tokens = encode(&tok, &body)?;
-        if tokens.len() < n || n < 2 {
+        if n < 2 {
             return Err(format!(
-                "{} has {} tokens; --tokens {n} needs at least {n} (and at least 2)",
+                "--tokens {n}: perplexity needs at least 2 tokens (one predicted)"
+            ));
+        }
+        let mut tokens = encode(&tok, &body)?;
+        if tokens.len() < n {
+            return Err(format!(
+                "{} has {} tokens, fewer than --tokens {n}",
                 text.display(),
                 tokens.len()
             ));

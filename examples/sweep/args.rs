@@ -130,6 +130,7 @@ pub fn parse_args() -> Result<Args, String> {
                 println!("{USAGE}");
                 std::process::exit(0);
             }
+            f if !VALUED.contains(&f) => return Err(format!("unknown flag {f}")),
             _ => {
                 let val = it.next().ok_or(format!("{flag} needs a value"))?;
                 set_valued(&mut a, &flag, val)?;
@@ -150,6 +151,29 @@ pub fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
+/// The flags that take a value, which [`set_valued`] sets.
+const VALUED: [&str; 19] = [
+    "--model",
+    "--ctx",
+    "--codecs",
+    "--steps",
+    "--warmup",
+    "--rounds",
+    "--busy",
+    "--splits",
+    "--prefill-from",
+    "--precision",
+    "--batch",
+    "--queries",
+    "--wg",
+    "--exact",
+    "--wait",
+    "--csv",
+    "--plot",
+    "--replot",
+    "--mem-budget",
+];
+
 /// Sets the flag that takes a value (`--ctx 4096`) on `a`.
 fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
     let num = |v: &str| {
@@ -159,7 +183,13 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
     };
     match flag {
         "--model" => a.model = Some(val),
-        "--ctx" => a.ctx = Some(val.split(',').map(num).collect::<Result<_, _>>()?),
+        "--ctx" => {
+            let ctx: Vec<u32> = val.split(',').map(num).collect::<Result<_, _>>()?;
+            if ctx.contains(&0) {
+                return Err("--ctx: a context must hold at least 1 token".into());
+            }
+            a.ctx = Some(ctx);
+        }
         "--codecs" => a.codecs = split_codecs(&val),
         "--steps" => a.steps = Some(num(&val)? as usize),
         "--warmup" => a.warmup = num(&val)? as usize,
@@ -217,7 +247,7 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
                 .map_err(|_| format!("--mem-budget: '{val}' is not a number of GiB"))?;
             a.mem_budget = Some(gib);
         }
-        _ => return Err(format!("unknown flag {flag}")),
+        _ => return Err(format!("{flag} is in VALUED but has no arm here")),
     }
     Ok(())
 }

@@ -20,11 +20,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Settles the sweep and announces it on stderr. On a CPU adapter with no --model/--ctx
-    /// given it picks small sizes, so the default command finishes in seconds. An unknown
+    /// Settles the sweep and announces it on stderr. On a CPU adapter it picks small sizes
+    /// where none are given (the `tiny` model without --model, short contexts without
+    /// --ctx), so the default command finishes in seconds. An unknown
     /// model or codec or zero steps is an error (before anything is printed).
     pub fn new(args: &Args, ctx: &GpuContext) -> Result<Plan, String> {
-        let small = ctx.is_cpu() && args.model.is_none() && args.ctx.is_none();
+        let small = ctx.is_cpu();
         let model_name = args.model.clone().unwrap_or_else(|| {
             if small {
                 "tiny".into()

@@ -68,7 +68,9 @@ impl KvCache {
     }
 
     /// Host convenience: attends `q` (`[batch, q_heads, head_dim]` f32) over `layer` and
-    /// returns the output, same shape.
+    /// returns the output, same shape. Unlike [`KvCache::attend_in_pass`], which writes a
+    /// zero output for a sequence with no tokens, this refuses such a call
+    /// ([`KvqError::EmptySequence`]): on the host, attending nothing is a caller's mistake.
     pub fn attend_host(&self, layer: u32, q: &[f32]) -> Result<Vec<f32>> {
         self.check_layer(layer)?;
         let s = &self.spec;
@@ -82,7 +84,7 @@ impl KvCache {
         }
         for b in 0..s.batch {
             if self.len(layer, b)? == 0 {
-                return Err(KvqError::EmptySequence { layer });
+                return Err(KvqError::EmptySequence { layer, seq: b });
             }
         }
         let mut guard = self.host_query.lock().unwrap_or_else(|e| e.into_inner());
@@ -191,15 +193,15 @@ impl KvCache {
     pub fn truncate(&mut self, seq: u32, len: u32) -> Result<()> {
         let s = &self.spec;
         if seq >= s.batch {
-            return Err(KvqError::InvalidSpec(format!(
-                "sequence {seq} out of range (batch {})",
-                s.batch
-            )));
+            return Err(KvqError::SequenceOutOfRange {
+                seq,
+                batch: s.batch,
+            });
         }
         for layer in 0..s.layers {
             let cur = self.host_lens[(layer * s.batch + seq) as usize];
             if len > cur {
-                return Err(KvqError::InvalidSpec(format!(
+                return Err(KvqError::InvalidArgument(format!(
                     "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur}"
                 )));
             }
@@ -207,7 +209,7 @@ impl KvCache {
                 // Oldest position still in the ring, and oldest the window at `len` needs.
                 let kept = cur.saturating_sub(s.capacity);
                 if len > 0 && len.saturating_sub(w) < kept {
-                    return Err(KvqError::InvalidSpec(format!(
+                    return Err(KvqError::InvalidArgument(format!(
                         "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur} and its ring of {} slots no longer has position {} that a window of {w} ending there needs (at most {} tokens can be rolled back now)",
                         s.capacity,
                         len.saturating_sub(w),

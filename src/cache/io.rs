@@ -7,6 +7,8 @@ use crate::kernels::InputType;
 /// Caller buffers prepared for [`KvCache::append`](crate::KvCache::append): bind groups are
 /// built once here, so recording an append allocates nothing.
 pub struct AppendInput {
+    /// The cache that prepared it ([`KvCache::id`](crate::KvCache)).
+    pub(super) cache: u64,
     pub(super) bind_group: Bound,
     pub(super) n: u32,
     pub(super) input: InputType,
@@ -24,6 +26,8 @@ impl AppendInput {
 /// Caller buffers prepared for [`KvCache::attend`](crate::KvCache::attend): the query
 /// `[B, q_heads, head_dim]` f32 and the output of the same shape.
 pub struct AttendIo {
+    /// The cache that prepared it ([`KvCache::id`](crate::KvCache)).
+    pub(super) cache: u64,
     pub(super) bind_group: Bound,
 }
 
@@ -31,6 +35,8 @@ pub struct AttendIo {
 /// V (as for [`KvCache::append_input`](crate::KvCache::append_input)) with the query and
 /// output (as for [`KvCache::attend_io`](crate::KvCache::attend_io)).
 pub struct StepIo {
+    /// The cache that prepared it ([`KvCache::id`](crate::KvCache)).
+    pub(super) cache: u64,
     pub(super) bind_group: Bound,
     pub(super) n: u32,
     pub(super) input: InputType,
@@ -46,8 +52,13 @@ impl StepIo {
 /// Caller buffers prepared for [`KvCache::chunk`](crate::KvCache::chunk): `n` new tokens per
 /// sequence (K and V as for [`KvCache::append_input`](crate::KvCache::append_input)), their
 /// queries `[batch, n, q_heads, head_dim]` f32 and the outputs of the same shape, with the
-/// chunk's own decode scratch (for the queries of one slice: [`ChunkIo::slice_tokens`]).
+/// the cache's chunk scratch bound (for the queries of one slice: [`ChunkIo::slice_tokens`];
+/// shared by every `ChunkIo` of the cache: [`ChunkIo::scratch_bytes`]).
 pub struct ChunkIo {
+    /// The cache that prepared it ([`KvCache::id`](crate::KvCache)).
+    pub(super) cache: u64,
+    /// Bytes of the cache's chunk scratch it is bound to.
+    pub(super) scratch_bytes: u64,
     /// New tokens per sequence, and their element type.
     pub(super) n: u32,
     pub(super) input: InputType,
@@ -86,6 +97,14 @@ impl ChunkIo {
     /// else the chunk's split kernel does.
     pub fn prefill(&self) -> bool {
         self.slices.iter().any(|s| s.row_tiles.is_some())
+    }
+
+    /// Bytes of the decode scratch this chunk is bound to: the cache's chunk scratch, which
+    /// every `ChunkIo` of the cache shares (so preparing one per layer costs no more scratch
+    /// than one), as long as the longest slice prepared so far needs
+    /// ([`crate::MemoryReport::chunk_scratch`]).
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch_bytes
     }
 
     /// New tokens per sequence attended together (a longer chunk is attended in slices of at

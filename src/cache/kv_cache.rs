@@ -2,6 +2,7 @@
 //! about itself.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::bind::{self, Segment};
 use super::buffers::{self, OwnedPart};
@@ -24,6 +25,9 @@ use crate::spec::CacheSpec;
 /// `attend_io`, `step_io`); wgpu's safe API gives no way to recognise a buffer of another
 /// `wgpu::Instance`, so that case cannot be checked.
 pub struct KvCache {
+    /// This cache among the process's caches: the io objects it prepares carry it, and
+    /// recording checks it ([`KvqError::WrongCache`]).
+    pub(super) id: u64,
     pub(super) ctx: GpuContext,
     pub(super) spec: CacheSpec,
     pub(super) cfg: KernelConfig,
@@ -36,9 +40,15 @@ pub struct KvCache {
     pub(super) host_exact_lo: Vec<u32>,
     pub(super) host_io: Mutex<Option<HostIo>>,
     pub(super) host_query: Mutex<Option<HostQuery>>,
+    /// The decode scratch every [`crate::ChunkIo`] of this cache binds (chunks run one after
+    /// another on the queue, so they can share it): the longest any has needed so far.
+    pub(super) chunk_scratch: Mutex<Option<wgpu::Buffer>>,
     /// Every buffer the cache owns besides the K/V stores, by part (for [`KvCache::memory`]).
     pub(super) owned: Vec<(OwnedPart, wgpu::Buffer)>,
 }
+
+/// The next cache's [`KvCache::id`].
+static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(1);
 
 impl KvCache {
     /// Bytes of the decode scratch for one query per sequence (a chunk's slice of `n` takes
@@ -77,6 +87,7 @@ impl KvCache {
             return Err(KvqError::Gpu(format!("creating the cache failed: {e}")));
         }
         Ok(KvCache {
+            id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
             ctx: ctx.clone(),
             host_lens: vec![0; plan.lengths],
             host_exact_lo: vec![0; plan.lengths],
@@ -88,13 +99,14 @@ impl KvCache {
             lens: bufs.lens,
             host_io: Mutex::new(None),
             host_query: Mutex::new(None),
+            chunk_scratch: Mutex::new(None),
             owned: bufs.owned,
         })
     }
 
     /// Every byte of device memory this cache owns, by part: K and V codes, scales, norms and
-    /// row padding; lengths; codec constants; decode scratch; parameter uniforms; host-API
-    /// staging. Summed from
+    /// row padding; lengths; codec constants; decode scratch and the chunks' shared scratch;
+    /// parameter uniforms; host-API staging. Summed from
     /// the sizes of the buffers it allocated; [`MemoryReport::total`] is all of them.
     pub fn memory(&self) -> MemoryReport {
         let d = self.spec.head_dim;
@@ -129,12 +141,19 @@ impl KvCache {
         let k_mean = buffers::k_mean_bytes(&self.spec);
         let state = part(OwnedPart::Lengths) - k_mean;
         let lengths = state.min(8 * self.spec.layers as u64 * self.spec.batch as u64);
+        let chunk_scratch = self
+            .chunk_scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |b| b.size());
         MemoryReport {
             k: StoreBytes::of_rows(self.spec.codecs.k, d, k),
             v: StoreBytes::of_rows(self.spec.codecs.v, d, v),
             lengths,
             constants: state - lengths,
             scratch: part(OwnedPart::Scratch),
+            chunk_scratch,
             params: part(OwnedPart::Params),
             exact: exact + k_mean,
             host_staging,
@@ -161,13 +180,11 @@ impl KvCache {
         &self.ctx
     }
 
-    /// Bytes of K and V storage on the device (all layers).
+    /// Bytes of K and V storage on the device (all layers): [`MemoryReport::store`], the
+    /// codes' rows without the exact tokens' (which share the first segment's V buffer and
+    /// are counted in [`MemoryReport::exact`]).
     pub fn store_bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .flatten()
-            .map(|s| s.k.size() + s.v.size())
-            .sum()
+        self.memory().store()
     }
 
     /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length): the
@@ -176,10 +193,10 @@ impl KvCache {
     pub fn len(&self, layer: u32, seq: u32) -> Result<u32> {
         self.check_layer(layer)?;
         if seq >= self.spec.batch {
-            return Err(KvqError::InvalidSpec(format!(
-                "sequence {seq} out of range (batch {})",
-                self.spec.batch
-            )));
+            return Err(KvqError::SequenceOutOfRange {
+                seq,
+                batch: self.spec.batch,
+            });
         }
         Ok(self.host_lens[(layer * self.spec.batch + seq) as usize])
     }
@@ -187,6 +204,14 @@ impl KvCache {
     /// True when no layer of any sequence holds a token.
     pub fn is_empty(&self) -> bool {
         self.host_lens.iter().all(|&l| l == 0)
+    }
+
+    /// That an io object of `cache` (its [`KvCache::id`]) is this cache's.
+    pub(super) fn check_io(&self, cache: u64, what: &'static str) -> Result<()> {
+        if cache != self.id {
+            return Err(KvqError::WrongCache { what });
+        }
+        Ok(())
     }
 
     pub(super) fn check_layer(&self, layer: u32) -> Result<()> {

@@ -87,6 +87,7 @@ impl KvCache {
             &[k, v, &params],
         )?;
         Ok(AppendInput {
+            cache: self.id,
             bind_group,
             n,
             input,
@@ -99,7 +100,9 @@ impl KvCache {
     /// buffer (same shape, STORAGE) for [`KvCache::attend`].
     pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
         self.check_query_io(q, out, 1)?;
+        check_distinct(&[("out", out)], &[("q", q)])?;
         Ok(AttendIo {
+            cache: self.id,
             bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out])?,
         })
     }
@@ -118,11 +121,13 @@ impl KvCache {
     ) -> Result<StepIo> {
         self.check_kv_inputs(k, v, n, input)?;
         self.check_query_io(q, out, 1)?;
+        check_distinct(&[("out", out)], &[("q", q), ("k", k), ("v", v)])?;
         // Built here, once, so that recording a step never compiles a pipeline.
         self.pipes.step(input)?;
         let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
         let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params])?;
         Ok(StepIo {
+            cache: self.id,
             bind_group,
             n,
             input,
@@ -132,7 +137,8 @@ impl KvCache {
     /// Prepares the buffers of a chunk of `n` new tokens per sequence attended causally
     /// ([`KvCache::chunk`]): `k`, `v` as for [`KvCache::append_input`]; `q` and `out` are
     /// `[batch, n, q_heads, head_dim]` f32, new token `i`'s queries at row `i`. All need STORAGE
-    /// usage. The chunk gets its own decode scratch for the queries of one slice (at most
+    /// usage. The chunk binds the cache's chunk scratch, which every `ChunkIo` of the cache
+    /// shares ([`ChunkIo::scratch_bytes`]), for the queries of one slice (at most
     /// [`CHUNK_SLICE_TOKENS`], and as many as the adapter's binding limit holds; a longer
     /// chunk is attended slice after slice in one recording; with recent exact tokens, slices
     /// of [`EXACT_CHUNK_SLICE`], each appended just before it is attended, so that every query
@@ -188,10 +194,15 @@ impl KvCache {
             let need = s.batch as u64 * n as u64 * s.q_heads as u64 * 4;
             self.check_buffer("lse", b, need, wgpu::BufferUsages::STORAGE)?;
         }
+        let reads = [("q", q), ("k", k), ("v", v)];
+        match lse {
+            Some(l) => check_distinct(&[("out", out), ("lse", l)], &reads)?,
+            None => check_distinct(&[("out", out)], &reads)?,
+        }
         if let Some(w) = s.window
             && n > s.capacity - w + 1
         {
-            return Err(KvqError::InvalidSpec(format!(
+            return Err(KvqError::InvalidArgument(format!(
                 "a chunk of {n} tokens over a sliding window of {w} in a ring of {} slots: \
                  its first tokens would attend positions the chunk overwrites; at most {} \
                  tokens per chunk (capacity - window + 1)",
@@ -239,13 +250,7 @@ impl KvCache {
         if prefill.is_some() {
             self.pipes.prefill()?;
         }
-        let partials = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
-            label: Some("kvq chunk partials"),
-            size: scratch,
-            // COPY_SRC: crate::export reads every buffer's initial bytes.
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        })?;
+        let partials = self.chunk_scratch(scratch)?;
         let cq = self.cfg.chunk_queries();
         // Where no log-sum-exp is asked for, the binding is a stand-in the kernel never writes.
         let standin;
@@ -296,12 +301,33 @@ impl KvCache {
             store.push(groups);
         }
         Ok(ChunkIo {
+            cache: self.id,
+            scratch_bytes: partials.size(),
             n,
             input,
             append,
             slices,
             store,
         })
+    }
+
+    /// The chunks' shared decode scratch, at least `bytes` long: the cache's own while it is
+    /// that long, else a longer one that takes its place (the ChunkIos bound to the old one
+    /// keep it alive).
+    fn chunk_scratch(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut held = self.chunk_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = held.as_ref().filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let b = self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
+            label: Some("kvq chunk partials"),
+            size: bytes,
+            // COPY_SRC: crate::export reads every buffer's initial bytes.
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })?;
+        *held = Some(b.clone());
+        Ok(b)
     }
 
     fn check_buffer(
@@ -335,8 +361,8 @@ impl KvCache {
     ) -> Result<()> {
         let s = &self.spec;
         if n == 0 {
-            return Err(KvqError::InvalidSpec(
-                "append needs at least one token".into(),
+            return Err(KvqError::InvalidArgument(
+                "an append, step or chunk needs at least one new token per sequence".into(),
             ));
         }
         if n > s.capacity && s.window.is_none() {
@@ -404,4 +430,22 @@ impl KvCache {
             }),
         }
     }
+}
+
+/// That no buffer kvq writes (`writes`) is also passed as another argument: wgpu refuses a
+/// buffer bound both writable and read-only in one dispatch, and would say so only when the
+/// caller's encoder is finished (as a panic there).
+fn check_distinct(writes: &[(&str, &wgpu::Buffer)], reads: &[(&str, &wgpu::Buffer)]) -> Result<()> {
+    for (i, &(w, wb)) in writes.iter().enumerate() {
+        let others = writes[i + 1..].iter().chain(reads);
+        if let Some((o, _)) = others.into_iter().find(|(_, b)| *b == wb) {
+            return Err(KvqError::BadBuffer {
+                what: w.into(),
+                problem: format!(
+                    "is also passed as '{o}': kvq writes it, so it needs a buffer of its own"
+                ),
+            });
+        }
+    }
+    Ok(())
 }

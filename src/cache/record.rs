@@ -150,6 +150,7 @@ impl KvCache {
         layer: u32,
         io: &ChunkIo,
     ) -> Result<()> {
+        self.check_io(io.cache, "ChunkIo")?;
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.chunk()?.clone();
         // Only where a slice takes it (chunk_io built it then: recording compiles nothing).
@@ -200,6 +201,7 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
+        self.check_io(input.cache, "AppendInput")?;
         self.reserve_append(layer, input.input, input.n)?;
         self.dispatch_append(pass, layer, input)
     }
@@ -255,6 +257,7 @@ impl KvCache {
         layer: u32,
         io: &AttendIo,
     ) -> Result<()> {
+        self.check_io(io.cache, "AttendIo")?;
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.attend();
         let stores = self.layers[layer as usize].iter().map(|s| &s.decode_bg);
@@ -271,6 +274,7 @@ impl KvCache {
         layer: u32,
         io: &StepIo,
     ) -> Result<()> {
+        self.check_io(io.cache, "StepIo")?;
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.step(io.input)?.clone();
         self.reserve(layer, io.n)?;

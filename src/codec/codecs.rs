@@ -154,7 +154,8 @@ impl Codec {
     pub fn parse(name: &str) -> Result<Codec, KvqError> {
         Self::parse_opt(name.trim()).ok_or_else(|| KvqError::UnknownCodec {
             name: name.to_string(),
-            valid: Self::valid_names().join(", "),
+            hint: String::new(),
+            valid: Self::grammar(),
         })
     }
 
@@ -190,6 +191,29 @@ impl Codec {
         };
         c.validate().ok()?;
         Some(c)
+    }
+
+    /// The names [`Codec::parse`] accepts, in short: each family's bit widths, with the
+    /// rotated families' options.
+    fn grammar() -> String {
+        let mut names = Vec::new();
+        for f in &FAMILIES {
+            let bits = f.bits.iter().copied().filter(|&b| b > 0);
+            match f.kind {
+                CodecKind::None => names.push(f.prefix.to_string()),
+                _ if f.rotated => {
+                    let (lo, hi) = (bits.clone().min().unwrap_or(0), bits.max().unwrap_or(0));
+                    names.push(format!("{p}{lo}..{p}{hi}", p = f.prefix));
+                }
+                _ => names.extend(bits.map(|b| format!("{}{b}", f.prefix))),
+            }
+        }
+        format!(
+            "{}; a rotated one (turbo, rotor, iso) may add 'b' (one scale per 32 rotated \
+             coordinates) and then '+qjl' (a QJL residual, K only; with 0 bits, QJL alone: \
+             turbo0+qjl)",
+            names.join(", ")
+        )
     }
 
     /// Every single-codec name [`Codec::parse`] accepts.
@@ -360,12 +384,29 @@ impl KvCodecs {
 
     fn grammar() -> String {
         format!(
-            "none, k_<codec>, <codec>_sym, k=<codec>,v=<codec>; <codec> is one of: {} \
-             ('b' = one scale per 32 rotated coords, '+qjl' = QJL residual, K only); \
-             e.g. {}",
-            Codec::valid_names().join(", "),
-            Self::all_names().join(", ")
+            "none, k_<codec> (K only), <codec>_sym (K and V), k=<codec>,v=<codec>; <codec>: {}; \
+             e.g. k_iso3, turbo3_sym, k_turbo3+qjl, k=q4,v=q8",
+            Codec::grammar()
         )
+    }
+
+    /// What a name that does not parse probably meant: a single codec (`q8`) names no
+    /// cache; `k=` wants a `v=` beside it.
+    fn hint(n: &str) -> String {
+        if let Some(c) = Codec::parse_opt(n).filter(|c| *c != Codec::NONE) {
+            let c = c.name();
+            let sym = if n.ends_with("+qjl") {
+                String::new()
+            } else {
+                format!("'{c}_sym' (K and V) or ")
+            };
+            return format!(" (a cache names K and V: did you mean {sym}'k_{c}' (K only)?)");
+        }
+        let parts: Vec<_> = n.split(',').map(|p| p.trim()).collect();
+        if n.contains('=') && parts.len() == 1 {
+            return " (give both K and V, e.g. 'k=q8,v=none' or 'k=q4,v=q8')".into();
+        }
+        String::new()
     }
 
     /// Parses a cache codec name: `none`, `k_<codec>` (K only, V f16), `<codec>_sym` (K and
@@ -374,6 +415,7 @@ impl KvCodecs {
         let n = name.trim();
         let unknown = || KvqError::UnknownCodec {
             name: name.to_string(),
+            hint: Self::hint(n),
             valid: Self::grammar(),
         };
         if n == "none" {

@@ -123,7 +123,7 @@ fn cache_names_parse_and_round_trip() {
         "k_",
     ] {
         match KvCodecs::parse(bad) {
-            Err(KvqError::UnknownCodec { name, valid }) => {
+            Err(KvqError::UnknownCodec { name, valid, .. }) => {
                 assert_eq!(name, bad);
                 assert!(
                     valid.contains("k_iso3") && valid.contains("turbo3+qjl"),
@@ -137,6 +137,28 @@ fn cache_names_parse_and_round_trip() {
         KvCodecs::parse("k=iso3,v=iso3+qjl"),
         Err(KvqError::InvalidSpec(_))
     ));
+}
+
+#[test]
+fn unknown_cache_names_say_what_was_probably_meant_in_a_short_message() {
+    for (bad, hint) in [
+        ("q8", "'q8_sym' (K and V) or 'k_q8' (K only)"),
+        ("iso3", "'iso3_sym' (K and V) or 'k_iso3' (K only)"),
+        ("turbo3+qjl", "'k_turbo3+qjl' (K only)"),
+        ("k=q8", "both K and V"),
+        ("k_iso5", ""),
+    ] {
+        let e = KvCodecs::parse(bad).unwrap_err();
+        let msg = e.to_string();
+        match e {
+            KvqError::UnknownCodec { hint: h, .. } => {
+                assert!(h.contains(hint), "{bad}: {h}");
+                assert_eq!(h.is_empty(), hint.is_empty(), "{bad}: {h}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+        assert!(msg.len() < 500, "{bad}: {} characters: {msg}", msg.len());
+    }
 }
 
 // ----------------------------------------------------------------------------- layouts

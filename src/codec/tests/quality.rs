@@ -118,7 +118,7 @@ fn quality_qjl_1_to_3_bits() {
 /// (48 x 4000 samples: 0.05327 ± 0.0002; the formula on the same residuals gives 0.05313),
 /// because the target presumes a 3-bit stage with D_mse ≈ 0.0326 while the Gaussian
 /// Lloyd–Max stage gives 0.0340 at D = 128 (0.03398 by numerical integration of the
-/// Beta law; BACKGROUND's own 3-bit target is 0.0337). Measured on many S to keep the
+/// Beta law; the 3-bit D_mse target QUALITY.md states is 0.0337). Measured on many S to keep the
 /// sampling error (about ±0.4%) well inside the ±5% window.
 #[test]
 fn quality_qjl_4_bits() {
