@@ -178,6 +178,9 @@ impl fmt::Display for MemoryReport {
         if self.exact > 0 {
             write!(f, " + exact tokens {}", fmt_bytes(self.exact))?;
         }
+        if self.chunk_scratch > 0 {
+            write!(f, " + chunk scratch {}", fmt_bytes(self.chunk_scratch))?;
+        }
         if self.host_staging > 0 {
             write!(f, " + host staging {}", fmt_bytes(self.host_staging))?;
         }

@@ -4,11 +4,13 @@
 
 mod common;
 
-use kvq::{CacheSpec, GpuContext, KvCache, KvCodecs, KvqError, MemoryReport};
+use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryReport};
 
 /// Sizes of the live device allocations whose buffer label starts with "kvq", or `None` where
 /// the backend keeps no allocator report.
 fn kvq_allocations(ctx: &GpuContext) -> Option<Vec<u64>> {
+    // (A submission lets wgpu free what was dropped since: the io objects' uniforms.)
+    ctx.queue.submit([]);
     ctx.device.poll(wgpu::PollType::wait_indefinitely()).ok()?;
     let r = ctx.device.generate_allocator_report()?;
     Some(
@@ -59,9 +61,32 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
         let tok = vec![0.25f32; 2 * 64];
         cache.append_host(0, &tok, &tok).expect("append");
         cache.attend_host(0, &vec![0.5f32; 8 * 64]).expect("attend");
+        // Two chunk ios (one per layer, say) share one chunk scratch, which the cache keeps
+        // when they are dropped.
+        let buf = |size| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let (kb, vb, qb, ob) = (buf(2048), buf(2048), buf(8192), buf(8192));
+        let ios: Vec<_> = (0..2)
+            .map(|_| cache.chunk_io(&kb, &vb, 4, InputType::F32, &qb, &ob))
+            .collect::<Result<_, _>>()
+            .expect("chunk io");
+        let chunk = ios[0].scratch_bytes();
+        assert_eq!(ios[1].scratch_bytes(), chunk, "{name}: one shared scratch");
+        drop(ios);
         let m = cache.memory();
         assert!(m.host_staging > 0, "{name}: host staging counted");
-        assert_eq!(m.total(), m0.total() + m.host_staging, "{name}");
+        assert_eq!(m.chunk_scratch, chunk, "{name}: chunk scratch counted once");
+        assert_eq!(
+            m.total(),
+            m0.total() + m.host_staging + m.chunk_scratch,
+            "{name}"
+        );
         assert_eq!(
             m.total(),
             m.k.codes
@@ -75,6 +100,7 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
                 + m.lengths
                 + m.constants
                 + m.scratch
+                + m.chunk_scratch
                 + m.params
                 + m.host_staging,
             "{name}: parts sum to the total"
@@ -123,8 +149,12 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
         assert!(before.is_empty(), "fresh device");
         let alloc: u64 = after.iter().sum();
         // Buffers: K and V per segment (8), a uniform per segment (4), lengths, scratch, host
-        // k, v, append uniform, q, out (5).
-        assert_eq!(after.len(), 8 + 4 + 2 + 5, "{name}: allocations {after:?}");
+        // k, v, append uniform, q, out (5), the chunk scratch.
+        assert_eq!(
+            after.len(),
+            8 + 4 + 2 + 5 + 1,
+            "{name}: allocations {after:?}"
+        );
         // The driver may round each allocation up to its alignment, never down.
         assert!(
             alloc >= m.total() && alloc - m.total() < after.len() as u64 * 256,
