@@ -277,6 +277,8 @@ impl KernelConfig {
         c("PTR", PREFILL_ROW_GROUPS);
         c("PTK", PREFILL_LANES);
         c("PKT", PREFILL_KEYS_PER_LANE);
+        c("PLK", t.k_loads);
+        c("PLV", t.v_loads);
         let half = self.half_products();
         h.constant("PH", Value::Bool(half));
         if half {

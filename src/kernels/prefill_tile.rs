@@ -21,6 +21,11 @@ pub(crate) struct PrefillTile {
     pub value_columns: u32,
     /// V rows decoded into the K/V tile at a time (`PVK`).
     pub value_keys: u32,
+    /// K vec4s each invocation loads per pass (`PLK`), a pass ahead of its products.
+    pub k_loads: u32,
+    /// V slots (one `v_load`, or two vec4s of an exact row) each invocation loads per batch
+    /// of `value_keys` rows (`PLV`), a batch ahead of its products.
+    pub v_loads: u32,
 }
 
 /// Row groups of a prefill workgroup (`PTR`): its 128 invocations are 8 row groups of
@@ -68,12 +73,18 @@ impl KernelConfig {
         // (f16 sums take at most 16 V rows, whose weights are up to 1 each: V values up to
         // 4,000 stay inside f16's range.)
         let fit = fit.min(if self.half_products() { 16 } else { 64 });
+        let value_keys = 1 << fit.ilog2();
+        let lanes = PREFILL_ROW_GROUPS * PREFILL_LANES;
+        // A batch's V slots: the codes' v_loads (VC a row), or the exact rows' pairs of vec4s.
+        let v_slots = value_keys * self.v_columns().max(d / 8);
         PrefillTile {
             query_codes,
             query_width,
             rows_per_group,
             value_columns: pv4.div_ceil(PREFILL_LANES),
-            value_keys: 1 << fit.ilog2(),
+            value_keys,
+            k_loads: self.prefill_kv_values() / 4 / lanes,
+            v_loads: v_slots.div_ceil(lanes),
         }
     }
 
@@ -125,6 +136,13 @@ mod tests {
                 let t = c.prefill_tile();
                 assert!(t.query_width.is_multiple_of(32), "{codecs} d={d}");
                 assert!(t.value_keys.is_power_of_two() && t.value_keys <= 64);
+                // A pass's K vec4s are spread evenly over the invocations.
+                let lanes = PREFILL_ROW_GROUPS * PREFILL_LANES;
+                assert_eq!(
+                    t.k_loads * lanes * 4,
+                    c.prefill_kv_values(),
+                    "{codecs} d={d}"
+                );
                 if precision == Precision::Fast {
                     // An f16 sum takes at most 16 products: half a K pass's 32 coordinates
                     // (pairs summed), 16 V rows.

@@ -19,6 +19,8 @@
 #unroll $j PKT
 #unroll $u PVU
 #unroll $r QV
+#unroll $l PLK
+#unroll $m PLV
 
 // The tiles' element type: f32, or with PH (the cache's fast precision on an adapter with
 // shader-f16) f16 operands whose products are summed in f16, at most 16 to a sum (half a K
@@ -108,6 +110,84 @@ fn prefill_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
     }
 }
 
+// The K/V tile is filled a step ahead: each invocation loads its share of the next K pass
+// (PLK vec4s) or V batch (PLV slots) into registers before the products of the current one,
+// and stores them after the next barrier, so a pass waits on memory once per tile, not once
+// per pass. The tile's keys are t0 .. t0 + tn; lanes past them load its last key (masked
+// later). The exact workgroup (xw) loads the exact rows (f16, in the caller's domain) from
+// the sink's ns positions and the ring's from rl.
+struct PrefillSrc {
+    t0: u32,
+    tn: u32,
+    row0: u32,
+    runs: vec3<u32>,
+    xw: bool,
+    b: u32,
+    h: u32,
+    ns: u32,
+    rl: u32,
+}
+
+// Vec4 x of the K pass at vec4 column cc: column cc + x / PBC of key x % PBC.
+fn prefill_k(x: u32, cc: u32, s: PrefillSrc) -> pf4 {
+    let u = s.t0 + min(x % PBC, s.tn - 1u);
+    let c = cc + x / PBC;
+#if EXACT
+    if s.xw {
+        var k = x_load(s.b, s.h, x_pos(u, s.ns, s.rl), 0u, c);
+#if KMEAN
+        k -= xmu_sh[c];
+#endif
+        return pf4(k);
+    }
+#endif
+    return pf4(k_dec4(s.row0 + run_slot(u, s.runs), c));
+}
+
+// V slots of a batch: VC a row (one v_load: VW values, its row's scale applied), or for the
+// exact rows D / 8 (two vec4s).
+fn prefill_v_slots(xw: bool) -> u32 {
+    return PVK * select(VC, D / 8u, xw);
+}
+
+// V slot x of the batch of rows vb .. of the tile.
+fn prefill_v(x: u32, vb: u32, s: PrefillSrc) -> array<vec4<f32>, 2> {
+    let w = select(VC, D / 8u, s.xw);
+    let u = s.t0 + min(vb + x / w, s.tn - 1u);
+    let c = x % w;
+#if EXACT
+    if s.xw {
+        let p = x_pos(u, s.ns, s.rl);
+        return array<vec4<f32>, 2>(x_load(s.b, s.h, p, XV, 2u * c), x_load(s.b, s.h, p, XV, 2u * c + 1u));
+    }
+#endif
+    let row = s.row0 + run_slot(u, s.runs);
+    var vs = 1.0;
+    if V_VSCALE {
+        vs = v_row_scale(row);
+    }
+    let v = v_load(row, c);
+    return array<vec4<f32>, 2>(v[0] * vs, v[1] * vs);
+}
+
+// Stores V slot x (loaded by prefill_v) into the tile: row x / (slots a row), PV4 vec4s a row.
+fn prefill_v_store(x: u32, v: array<vec4<f32>, 2>, xw: bool) {
+    if x >= prefill_v_slots(xw) {
+        return;
+    }
+    if xw {
+        let at = (x / (D / 8u)) * PV4 + 2u * (x % (D / 8u));
+        pkv_sh[at] = pf4(v[0]);
+        pkv_sh[at + 1u] = pf4(v[1]);
+        return;
+    }
+    let at = (x / VC) * PV4 + (x % VC) * (VW / 4u);
+    pkv_sh[at] = pf4(v[0]);
+    if VW == 8u {
+        pkv_sh[at + 1u] = pf4(v[1]);
+    }
+}
+
 // Dispatch (KVH * B, NSPLIT + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
 // the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
 // positions the tile's rows attend in this segment (whole 64-key tiles), each row masked to
@@ -175,6 +255,8 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 #else
     let lo = e_lo - min(e_lo, WIN);
     let hi = e_hi;
+    let ns = 0u;
+    let rl = 0u;
 #endif
     let runs = seg_runs(lo, hi, seg);
     let stored = runs.y + runs.z;
@@ -194,28 +276,19 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 
     for (var t0 = start; t0 < end; t0 += PBC) {
         let tn = min(PBC, end - t0);
-        // Scores: K decoded PKC vec4 columns at a time (lanes past the tile decode its last
-        // key, masked below).
+        let src = PrefillSrc(t0, tn, row0, runs, xw, b, h, ns, rl);
+        // Scores: K decoded PKC vec4 columns a pass, the next pass's loads in flight during
+        // this one's products.
         var s$i$j = 0.0;
+        var kn$l = prefill_k(lid + $lu * PWG, 0u, src);
         for (var cc = 0u; cc < qw4; cc += PKC) {
             // The previous pass (or tile's V rows) has been read.
             workgroupBarrier();
-            for (var x = lid; x < PBC * PKC; x += PWG) {
-                let u = t0 + min(x % PBC, tn - 1u);
-                let c = cc + x / PBC;
-#if EXACT
-                if xw {
-                    var k = x_load(b, h, x_pos(u, ns, rl), 0u, c);
-#if KMEAN
-                    k -= xmu_sh[c];
-#endif
-                    pkv_sh[x] = pf4(k);
-                    continue;
-                }
-#endif
-                pkv_sh[x] = pf4(k_dec4(row0 + run_slot(u, runs), c));
-            }
+            pkv_sh[lid + $lu * PWG] = kn$l;
             workgroupBarrier();
+            if cc + PKC < qw4 {
+                kn$l = prefill_k(lid + $lu * PWG, cc + PKC, src);
+            }
             var h$i$j = pf4(0.0);
             for (var c = 0u; c < PKC; c++) {
                 let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
@@ -238,6 +311,8 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         let pos$j = run_pos(t0 + tk + $ju * PTK, runs, lo, seg);
         let ok$i$j = tk + $ju * PTK < tn && pos$j < e$i && pos$j >= e$i - min(e$i, WIN);
 #endif
+        // The first V batch's loads, in flight during the softmax.
+        var vn$m = prefill_v(lid + $mu * PWG, 0u, src);
         // Online softmax per row: the lanes of a row group exchange their maxima, so every lane
         // of the group derives the same max (and the same rescale of its outputs).
         var mx = vec4<f32>(NEG);
@@ -266,31 +341,11 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         for (var vb = 0u; vb < tn; vb += PVK) {
             // The weights are written, the previous V rows (or the last K pass) read.
             workgroupBarrier();
-#if EXACT
-            if xw {
-                for (var x = lid; x < PVK * (D / 4u); x += PWG) {
-                    let key = x / (D / 4u);
-                    let c = x % (D / 4u);
-                    let p = x_pos(t0 + min(vb + key, tn - 1u), ns, rl);
-                    pkv_sh[key * PV4 + c] = pf4(x_load(b, h, p, XV, c));
-                }
-            }
-#endif
-            for (var x = lid; x < select(PVK * VC, 0u, xw); x += PWG) {
-                let key = x / VC;
-                let c = x % VC;
-                let row = row0 + run_slot(t0 + min(vb + key, tn - 1u), runs);
-                var vs = 1.0;
-                if V_VSCALE {
-                    vs = v_row_scale(row);
-                }
-                let v = v_load(row, c);
-                pkv_sh[key * PV4 + c * (VW / 4u)] = pf4(v[0] * vs);
-                if VW == 8u {
-                    pkv_sh[key * PV4 + c * 2u + 1u] = pf4(v[1] * vs);
-                }
-            }
+            prefill_v_store(lid + $mu * PWG, vn$m, xw);
             workgroupBarrier();
+            if vb + PVK < tn {
+                vn$m = prefill_v(lid + $mu * PWG, vb + PVK, src);
+            }
             let vn = min(PVK, tn - vb);
             // (Summed in pf over the batch's at most 16 rows, then into the f32 outputs.)
             var oh$i$u = pf4(0.0);
