@@ -71,7 +71,7 @@ pub enum KvqError {
         name: String,
         /// What was probably meant (` (did you mean ...?)`), or empty.
         hint: String,
-        /// The valid names, comma separated.
+        /// The accepted names, in short.
         valid: String,
     },
     /// A layer index past the cache's layers.
@@ -112,13 +112,15 @@ pub enum KvqError {
         /// Sequences in the cache.
         batch: u32,
     },
-    /// An argument the call cannot take (no new tokens, a cut past a sequence's length, a
-    /// chunk longer than a sliding window allows); nothing was changed.
+    /// An argument the call cannot take (no new tokens, a cut past a sequence's length or
+    /// past what a sliding window's ring still holds, a chunk longer than a sliding window
+    /// allows); nothing was changed.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// An io object ([`crate::AppendInput`], [`crate::AttendIo`], [`crate::StepIo`],
-    /// [`crate::ChunkIo`]) recorded on a cache other than the one that prepared it: its
-    /// bindings and sizes are that cache's. Nothing was recorded.
+    /// [`crate::ChunkIo`]) recorded on a cache other than the one that prepared it, even one
+    /// of the same shape: its bindings and sizes are that cache's, so prepare one per cache.
+    /// Nothing was recorded.
     #[error("{what} was prepared by another KvCache: prepare it with the cache that records it")]
     WrongCache {
         /// Which io object.

@@ -326,7 +326,15 @@ fn aliased_buffers_and_another_caches_io_are_typed_errors() {
         "out",
     );
     bad(
-        a.chunk_io(&k, &v, 4, InputType::F32, &q, &v).map(|_| ()),
+        a.chunk_io(&k, &v, 4, InputType::F32, &q, &q).map(|_| ()),
+        "out",
+    );
+    // A chunk's K/V are appended before its attention writes: they may share out's buffer,
+    // unless each slice is appended just before it is attended (recent exact tokens).
+    a.chunk_io(&k, &v, 4, InputType::F32, &q, &v).unwrap();
+    let x = KvCache::new(ctx(), CacheSpec::new(1, 4, 2, 64, 16).with_exact(2, 4)).unwrap();
+    bad(
+        x.chunk_io(&k, &v, 4, InputType::F32, &q, &v).map(|_| ()),
         "out",
     );
     bad(

@@ -7,8 +7,8 @@
 //! SVG plot.
 //!
 //! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
-//! --csv out.csv --plot out.svg`. On a CPU adapter with no --model/--ctx given it picks small
-//! sizes by itself so the default command finishes in seconds. `--replot FILE.csv --plot
+//! --csv out.csv --plot out.svg`. On a CPU adapter it picks small sizes where none are
+//! given (the tiny model without --model, short contexts without --ctx) so the default command finishes in seconds. `--replot FILE.csv --plot
 //! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU); its
 //! title names the CSV file where a sweep's names the device.
 //!

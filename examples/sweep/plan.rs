@@ -58,7 +58,11 @@ impl Plan {
             codecs: parse_codecs(&args.codecs)?,
             budget: None,
         };
-        plan.announce(ctx, args, small);
+        plan.announce(
+            ctx,
+            args,
+            small && (args.model.is_none() || args.ctx.is_none()),
+        );
         // Codecs the GPU path does not serve yet: one line each, asked of the library (never
         // a list kept here).
         plan.codecs.retain(|(name, c)| {

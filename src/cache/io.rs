@@ -52,8 +52,8 @@ impl StepIo {
 /// Caller buffers prepared for [`KvCache::chunk`](crate::KvCache::chunk): `n` new tokens per
 /// sequence (K and V as for [`KvCache::append_input`](crate::KvCache::append_input)), their
 /// queries `[batch, n, q_heads, head_dim]` f32 and the outputs of the same shape, with the
-/// the cache's chunk scratch bound (for the queries of one slice: [`ChunkIo::slice_tokens`];
-/// shared by every `ChunkIo` of the cache: [`ChunkIo::scratch_bytes`]).
+/// cache's chunk scratch bound (at least one slice's queries: [`ChunkIo::slice_tokens`];
+/// shared with the cache's other `ChunkIo`s: [`ChunkIo::scratch_bytes`]).
 pub struct ChunkIo {
     /// The cache that prepared it ([`KvCache::id`](crate::KvCache)).
     pub(super) cache: u64,
@@ -99,16 +99,19 @@ impl ChunkIo {
         self.slices.iter().any(|s| s.row_tiles.is_some())
     }
 
-    /// Bytes of the decode scratch this chunk is bound to: the cache's chunk scratch, which
-    /// every `ChunkIo` of the cache shares (so preparing one per layer costs no more scratch
-    /// than one), as long as the longest slice prepared so far needs
-    /// ([`crate::MemoryReport::chunk_scratch`]).
+    /// Bytes of the decode scratch this chunk is bound to: the cache's chunk scratch as it
+    /// was when this io was prepared, as long as the longest slice prepared until then needs,
+    /// and shared with every `ChunkIo` prepared while it was the cache's (so preparing one
+    /// per layer costs no more scratch than one). A longer chunk's io replaces it with a longer
+    /// one; ios prepared before keep theirs until they are dropped
+    /// ([`crate::MemoryReport::chunk_scratch`] is the cache's current one).
     pub fn scratch_bytes(&self) -> u64 {
         self.scratch_bytes
     }
 
     /// New tokens per sequence attended together (a longer chunk is attended in slices of at
-    /// most this many, one after another, in a scratch of this many queries' partials).
+    /// most this many, one after another, in a scratch of at least this many queries'
+    /// partials).
     pub fn slice_tokens(&self) -> u32 {
         self.slices.iter().map(|s| s.count).max().unwrap_or(0)
     }

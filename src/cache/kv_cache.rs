@@ -22,7 +22,7 @@ use crate::spec::CacheSpec;
 ///
 /// Caller buffers must belong to the cache's device. One of another device of the same
 /// `wgpu::Instance` is a [`KvqError::BadBuffer`] when it is bound (`append_input`,
-/// `attend_io`, `step_io`); wgpu's safe API gives no way to recognise a buffer of another
+/// `attend_io`, `step_io`, `chunk_io`); wgpu's safe API gives no way to recognise a buffer of another
 /// `wgpu::Instance`, so that case cannot be checked.
 pub struct KvCache {
     /// This cache among the process's caches: the io objects it prepares carry it, and
@@ -181,8 +181,8 @@ impl KvCache {
     }
 
     /// Bytes of K and V storage on the device (all layers): [`MemoryReport::store`], the
-    /// codes' rows without the exact tokens' (which share the first segment's V buffer and
-    /// are counted in [`MemoryReport::exact`]).
+    /// codes' rows without the exact tokens' rows and `exact_lo` words (which share the
+    /// segments' V buffers and are counted in [`MemoryReport::exact`]).
     pub fn store_bytes(&self) -> u64 {
         self.memory().store()
     }

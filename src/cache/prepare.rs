@@ -194,10 +194,15 @@ impl KvCache {
             let need = s.batch as u64 * n as u64 * s.q_heads as u64 * 4;
             self.check_buffer("lse", b, need, wgpu::BufferUsages::STORAGE)?;
         }
+        // K and V are read by the appends, before the slices' attention writes out and lse:
+        // they may share a buffer with those, but not where each slice is appended just before
+        // it is attended (recent exact tokens), as a slice's outputs would then overwrite
+        // later slices' K/V.
         let reads = [("q", q), ("k", k), ("v", v)];
+        let reads = &reads[..if s.exact.recent > 0 { 3 } else { 1 }];
         match lse {
-            Some(l) => check_distinct(&[("out", out), ("lse", l)], &reads)?,
-            None => check_distinct(&[("out", out)], &reads)?,
+            Some(l) => check_distinct(&[("out", out), ("lse", l)], reads)?,
+            None => check_distinct(&[("out", out)], reads)?,
         }
         if let Some(w) = s.window
             && n > s.capacity - w + 1

@@ -23,8 +23,8 @@ pub(crate) struct PrefillTile {
     pub value_keys: u32,
     /// K vec4s each invocation loads per pass (`PLK`), a pass ahead of its products.
     pub k_loads: u32,
-    /// V slots (one `v_load`, or two vec4s of an exact row) each invocation loads per batch
-    /// of `value_keys` rows (`PLV`), a batch ahead of its products.
+    /// V slots (8 values of a row) each invocation loads per batch of `value_keys` rows
+    /// (`PLV`), a batch ahead of its products.
     pub v_loads: u32,
 }
 
@@ -75,8 +75,9 @@ impl KernelConfig {
         let fit = fit.min(if self.half_products() { 16 } else { 64 });
         let value_keys = 1 << fit.ilog2();
         let lanes = PREFILL_ROW_GROUPS * PREFILL_LANES;
-        // A batch's V slots: the codes' v_loads (VC a row), or the exact rows' pairs of vec4s.
-        let v_slots = value_keys * self.v_columns().max(d / 8);
+        // A batch's V slots, 8 values each: the codes' (VC columns of VW values a row), or
+        // the exact rows' (D values).
+        let v_slots = value_keys * (self.v_columns() * self.v_width() / 8).max(d / 8);
         PrefillTile {
             query_codes,
             query_width,

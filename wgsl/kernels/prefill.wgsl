@@ -112,8 +112,8 @@ fn prefill_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
 
 // The K/V tile is filled a step ahead: each invocation loads its share of the next K pass
 // (PLK vec4s) or V batch (PLV slots) into registers before the products of the current one,
-// and stores them after the next barrier, so a pass waits on memory once per tile, not once
-// per pass. The tile's keys are t0 .. t0 + tn; lanes past them load its last key (masked
+// and stores them after the next barrier, so that a pass's memory latency can hide behind
+// the current pass's products. The tile's keys are t0 .. t0 + tn; lanes past them load its last key (masked
 // later). The exact workgroup (xw) loads the exact rows (f16, in the caller's domain) from
 // the sink's ns positions and the ring's from rl.
 struct PrefillSrc {
@@ -144,21 +144,22 @@ fn prefill_k(x: u32, cc: u32, s: PrefillSrc) -> pf4 {
     return pf4(k_dec4(s.row0 + run_slot(u, s.runs), c));
 }
 
-// V slots of a batch: VC a row (one v_load: VW values, its row's scale applied), or for the
-// exact rows D / 8 (two vec4s).
-fn prefill_v_slots(xw: bool) -> u32 {
-    return PVK * select(VC, D / 8u, xw);
+// V slots of a row: 8 values each (one v_load of a rotated V, two of another, two vec4s of
+// an exact row), held as tile values, so a lane's step-ahead registers are two pf4 a slot.
+fn prefill_v_width(xw: bool) -> u32 {
+    return select(VC * VW / 8u, D / 8u, xw);
 }
 
-// V slot x of the batch of rows vb .. of the tile.
-fn prefill_v(x: u32, vb: u32, s: PrefillSrc) -> array<vec4<f32>, 2> {
-    let w = select(VC, D / 8u, s.xw);
+// V slot x of the batch of rows vb .. of the tile (values 8 (x % width) .. of its row), its
+// row's scale applied.
+fn prefill_v(x: u32, vb: u32, s: PrefillSrc) -> array<pf4, 2> {
+    let w = prefill_v_width(s.xw);
     let u = s.t0 + min(vb + x / w, s.tn - 1u);
     let c = x % w;
 #if EXACT
     if s.xw {
         let p = x_pos(u, s.ns, s.rl);
-        return array<vec4<f32>, 2>(x_load(s.b, s.h, p, XV, 2u * c), x_load(s.b, s.h, p, XV, 2u * c + 1u));
+        return array<pf4, 2>(pf4(x_load(s.b, s.h, p, XV, 2u * c)), pf4(x_load(s.b, s.h, p, XV, 2u * c + 1u)));
     }
 #endif
     let row = s.row0 + run_slot(u, s.runs);
@@ -166,25 +167,21 @@ fn prefill_v(x: u32, vb: u32, s: PrefillSrc) -> array<vec4<f32>, 2> {
     if V_VSCALE {
         vs = v_row_scale(row);
     }
-    let v = v_load(row, c);
-    return array<vec4<f32>, 2>(v[0] * vs, v[1] * vs);
+    if VW == 8u {
+        let v = v_load(row, c);
+        return array<pf4, 2>(pf4(v[0] * vs), pf4(v[1] * vs));
+    }
+    return array<pf4, 2>(pf4(v_load(row, 2u * c)[0] * vs), pf4(v_load(row, 2u * c + 1u)[0] * vs));
 }
 
-// Stores V slot x (loaded by prefill_v) into the tile: row x / (slots a row), PV4 vec4s a row.
-fn prefill_v_store(x: u32, v: array<vec4<f32>, 2>, xw: bool) {
-    if x >= prefill_v_slots(xw) {
-        return;
-    }
-    if xw {
-        let at = (x / (D / 8u)) * PV4 + 2u * (x % (D / 8u));
-        pkv_sh[at] = pf4(v[0]);
-        pkv_sh[at + 1u] = pf4(v[1]);
-        return;
-    }
-    let at = (x / VC) * PV4 + (x % VC) * (VW / 4u);
-    pkv_sh[at] = pf4(v[0]);
-    if VW == 8u {
-        pkv_sh[at + 1u] = pf4(v[1]);
+// Stores V slot x (loaded by prefill_v) into the tile, PV4 vec4s a row (lanes past the batch's
+// slots store nothing).
+fn prefill_v_store(x: u32, v: array<pf4, 2>, xw: bool) {
+    let w = prefill_v_width(xw);
+    if x < PVK * w {
+        let at = (x / w) * PV4 + 2u * (x % w);
+        pkv_sh[at] = v[0];
+        pkv_sh[at + 1u] = v[1];
     }
 }
 
