@@ -137,8 +137,8 @@ impl KvCache {
     /// Prepares the buffers of a chunk of `n` new tokens per sequence attended causally
     /// ([`KvCache::chunk`]): `k`, `v` as for [`KvCache::append_input`]; `q` and `out` are
     /// `[batch, n, q_heads, head_dim]` f32, new token `i`'s queries at row `i`. All need STORAGE
-    /// usage. The chunk binds the cache's chunk scratch, which every `ChunkIo` of the cache
-    /// shares ([`ChunkIo::scratch_bytes`]), for the queries of one slice (at most
+    /// usage. The chunk binds the cache's chunk scratch, shared with its other `ChunkIo`s
+    /// ([`ChunkIo::scratch_bytes`]), for the queries of one slice (at most
     /// [`CHUNK_SLICE_TOKENS`], and as many as the adapter's binding limit holds; a longer
     /// chunk is attended slice after slice in one recording; with recent exact tokens, slices
     /// of [`EXACT_CHUNK_SLICE`], each appended just before it is attended, so that every query

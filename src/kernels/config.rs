@@ -2,7 +2,6 @@
 //! against: every shape, codec and tuning number the WGSL reads is decided here.
 
 use super::module::{InputType, KernelModule};
-use super::prefill_tile::{PREFILL_KEYS_PER_LANE, PREFILL_LANES, PREFILL_ROW_GROUPS};
 use super::preprocess::{self, Defines, Value};
 use super::workgroup;
 use crate::codec::{Codec, CodecKind, FAMILIES, ScaleMode, lloyd, rotation};
@@ -263,22 +262,7 @@ impl KernelConfig {
         h.constant("SCALE", Value::F32(self.scale));
         h.constant("EXACT", Value::Bool(self.exact.any()));
         h.constant("KMEAN", Value::Bool(self.exact.k_mean));
-        // The prefill kernel's tiles (kernels/prefill.wgsl); a configuration it does not serve
-        // still assembles with one row per row group, and is never dispatched.
-        let t = self.prefill_tile();
-        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
-        c("PQA", t.query_codes);
-        c("PQW", t.query_width);
-        c("PRB", t.rows_per_group.max(1));
-        c("PBR", PREFILL_ROW_GROUPS * t.rows_per_group.max(1));
-        c("PVU", t.value_columns);
-        c("PVK", t.value_keys);
-        c("PKV", self.prefill_kv_values());
-        c("PTR", PREFILL_ROW_GROUPS);
-        c("PTK", PREFILL_LANES);
-        c("PKT", PREFILL_KEYS_PER_LANE);
-        c("PLK", t.k_loads);
-        c("PLV", t.v_loads);
+        self.prefill_defines(&mut h);
         let half = self.half_products();
         h.constant("PH", Value::Bool(half));
         if half {

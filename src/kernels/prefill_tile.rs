@@ -3,6 +3,7 @@
 
 use super::config::KernelConfig;
 use super::module::KernelModule;
+use super::preprocess::{Defines, Value};
 use super::workgroup;
 use crate::error::Result;
 
@@ -87,6 +88,25 @@ impl KernelConfig {
             k_loads: self.prefill_kv_values() / 4 / lanes,
             v_loads: v_slots.div_ceil(lanes),
         }
+    }
+
+    /// The prefill kernel's tile as WGSL constants (kernels/prefill.wgsl): a configuration
+    /// it does not serve still assembles with one row per row group, and is never dispatched.
+    pub(super) fn prefill_defines(&self, h: &mut Defines) {
+        let t = self.prefill_tile();
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        c("PQA", t.query_codes);
+        c("PQW", t.query_width);
+        c("PRB", t.rows_per_group.max(1));
+        c("PBR", PREFILL_ROW_GROUPS * t.rows_per_group.max(1));
+        c("PVU", t.value_columns);
+        c("PVK", t.value_keys);
+        c("PKV", self.prefill_kv_values());
+        c("PTR", PREFILL_ROW_GROUPS);
+        c("PTK", PREFILL_LANES);
+        c("PKT", PREFILL_KEYS_PER_LANE);
+        c("PLK", t.k_loads);
+        c("PLV", t.v_loads);
     }
 
     /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not
