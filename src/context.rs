@@ -73,8 +73,11 @@ pub struct Capabilities {
     pub f16: bool,
     /// Subgroup operations are enabled.
     pub subgroups: bool,
-    /// Timestamp queries (inside and at compute pass boundaries) are enabled.
+    /// Timestamp queries at compute pass boundaries are enabled.
     pub timestamps: bool,
+    /// Timestamp queries inside compute passes are enabled (what a
+    /// [`crate::timer::DispatchTimer`] needs).
+    pub timestamps_in_passes: bool,
 }
 
 /// The smallest workgroup-memory budget kvq's kernels are written for (Apple's limit).
@@ -205,8 +208,10 @@ impl GpuContext {
         limits.max_buffer_size = have.max_buffer_size;
         limits.max_compute_workgroups_per_dimension = have.max_compute_workgroups_per_dimension;
         limits.max_bind_groups = have.max_bind_groups.min(4);
-        let wanted =
-            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         Ok((adapter.features() & wanted, limits))
     }
 
@@ -243,6 +248,9 @@ impl GpuContext {
             f16: f.contains(wgpu::Features::SHADER_F16),
             subgroups: f.contains(wgpu::Features::SUBGROUP),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_in_passes: f.contains(
+                wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
+            ),
         };
         GpuContext {
             device,

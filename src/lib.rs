@@ -30,6 +30,7 @@ pub mod kernels;
 pub mod memory;
 pub mod reference;
 pub mod spec;
+pub mod timer;
 pub mod tuning;
 
 pub use cache::{AppendInput, AttendIo, CHUNK_SLICE_TOKENS, ChunkIo, KvCache, Layout, StepIo};
@@ -41,6 +42,7 @@ pub use memory::{MemoryReport, StoreBytes};
 pub use spec::{
     CacheSpec, EXACT_CHUNK_SLICE, ExactTokens, MAX_CAPACITY, MAX_EXACT_TOKENS, Precision,
 };
+pub use timer::{DispatchTimer, KernelTime};
 
 // The README's Rust snippet, compiled with the doctests (not run: it opens a GPU).
 #[cfg(doctest)]

@@ -7,7 +7,7 @@ use crate::codec_list::split_codecs;
 
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
-             [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks]
+             [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks] [--kernel-times]
              [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--precision exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
@@ -52,6 +52,9 @@ pub struct Args {
     /// `--shader-checks`: compile with all of wgpu's shader runtime checks (loop bounding too).
     pub shader_checks: bool,
     pub unfused: bool,
+    /// `--kernel-times`: one more step per point with each dispatch timed, its GPU ms per
+    /// kernel printed and in the CSV (`kernel_ms`).
+    pub kernel_times: bool,
     /// `--wait`; None: see [`Args::wait_on`].
     pub wait: Option<Wait>,
     pub csv: Option<String>,
@@ -101,6 +104,7 @@ impl Default for Args {
             wg: None,
             shader_checks: false,
             unfused: false,
+            kernel_times: false,
             wait: None,
             csv: None,
             plot: None,
@@ -125,6 +129,7 @@ pub fn parse_args() -> Result<Args, String> {
         }
         match flag.as_str() {
             "--unfused" => a.unfused = true,
+            "--kernel-times" => a.kernel_times = true,
             "--shader-checks" => a.shader_checks = true,
             "-h" | "--help" => {
                 println!("{USAGE}");

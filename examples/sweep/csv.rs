@@ -7,14 +7,14 @@ use crate::plot::{Point, plot_title};
 use crate::probe::Peaks;
 use crate::report::{Derived, fmt_opt};
 
-const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy,attn_gflops,fma_peak_gflops,fma_fraction,kernel,precision\n";
+const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy,attn_gflops,fma_peak_gflops,fma_fraction,kernel,precision,kernel_ms\n";
 
 /// The whole CSV text: the header, then one line per row.
 pub fn text(rows: &[Row], derived: &[Derived], model: &str, peaks: &Peaks, wait: Wait) -> String {
     let mut csv = String::from(HEADER);
     for (r, d) in rows.iter().zip(derived) {
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{},{:.1},{},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{},{:.1},{},{},{},{},{}\n",
             field(&r.codec),
             model,
             r.ctx,
@@ -44,7 +44,8 @@ pub fn text(rows: &[Row], derived: &[Derived], model: &str, peaks: &Peaks, wait:
             fmt_opt(peaks.fma.as_ref().map(|p| p.gflops), 1),
             fmt_opt(d.fma_frac, 4),
             r.kernel,
-            r.precision.name()
+            r.precision.name(),
+            field(&r.kernel_times())
         );
     }
     csv

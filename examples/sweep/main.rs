@@ -115,6 +115,9 @@ fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
                             r.step_ms,
                             fmt_bytes(r.mem.total()),
                         ));
+                        if !r.kernel_ms.is_empty() {
+                            progress.line(format!("  GPU ms per kernel: {}", r.kernel_times()));
+                        }
                         if runs.len() <= at {
                             runs.resize_with(at + 1, Vec::new);
                         }

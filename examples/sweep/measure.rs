@@ -51,6 +51,9 @@ pub struct Row {
     /// The point's figure (GPU ms where timed, else step ms) in each round, in round order:
     /// the timing fields above are the medians of the rounds' medians.
     pub rounds: Vec<f64>,
+    /// GPU ms per kernel of one more step, each dispatch timed (`--kernel-times`; the first
+    /// round's), else empty.
+    pub kernel_ms: Vec<kvq::KernelTime>,
 }
 
 /// Rounds of a point whose figures spread (max - min over their median) by more than this
@@ -98,6 +101,16 @@ impl Row {
     /// The codec as the table and the plot name the point ([`label`]).
     pub fn label(&self) -> String {
         label(&self.codec, self.queries)
+    }
+
+    /// `--kernel-times`' figures as `entry=ms (dispatches)` pairs, `;`-separated.
+    pub fn kernel_times(&self) -> String {
+        let t: Vec<String> = self
+            .kernel_ms
+            .iter()
+            .map(|k| format!("{}={:.4} ({})", k.entry, k.ms, k.dispatches))
+            .collect();
+        t.join("; ")
     }
 
     pub fn tok_s(&self) -> f64 {
@@ -149,8 +162,9 @@ impl From<wgpu::PollError> for Skip {
 
 /// Tokens a point's cache holds: the context, then `queries` per warm-up and timed step, and
 /// one spare. The memory budget is checked against the same number the cache is built with.
+/// (One step more than timed: `--kernel-times` takes it.)
 pub fn capacity(context: u32, warmup: usize, steps: usize, queries: u32) -> u32 {
-    context + (warmup + steps) as u32 * queries + 1
+    context + (warmup + steps + 1) as u32 * queries + 1
 }
 
 /// Deterministic, approximately normal values: every run of a point reads the same K/V.
@@ -256,6 +270,10 @@ impl PointRun<'_> {
         let inputs = self.step_inputs(&cache, &mut rng)?;
         self.raise_clocks(&cache, &inputs.io)?;
         let t = self.time_steps(&mut cache, &inputs)?;
+        let kernel_ms = match args.kernel_times {
+            true => self.kernel_times(&mut cache, &inputs)?,
+            false => Vec::new(),
+        };
         let l = cache.layout();
         // Bytes a step must read: every stored row of every layer at the mid-run length.
         let len = self.context as u64 + (args.warmup + self.steps / 2) as u64 * self.queries as u64;
@@ -294,7 +312,42 @@ impl PointRun<'_> {
                 _ => "split",
             },
             rounds: vec![t.gpu_ms.unwrap_or(t.host_ms)],
+            kernel_ms,
         })
+    }
+
+    /// One more step with each dispatch timed: GPU ms per kernel (the timestamps inside the
+    /// pass may serialise what the timed steps overlap, so they stay out of those).
+    fn kernel_times(
+        &self,
+        cache: &mut KvCache,
+        inputs: &StepInputs,
+    ) -> Result<Vec<kvq::KernelTime>, Skip> {
+        let ctx = self.ctx;
+        let mut timer = kvq::DispatchTimer::new(ctx, kvq::timer::MAX_TIMED_DISPATCHES)?;
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for layer in 0..self.model.layers {
+                let l = layer as usize;
+                if self.queries > 1 {
+                    cache.chunk_in_timed_pass(&mut pass, layer, &inputs.chunk_io[l], &mut timer)?;
+                } else {
+                    cache.step_in_timed_pass(&mut pass, layer, &inputs.step_io[l], &mut timer)?;
+                }
+            }
+        }
+        timer.resolve(&mut enc);
+        wait_for(ctx, ctx.queue.submit([enc.finish()]))?;
+        if timer.dropped() > 0 {
+            self.progress.line(format!(
+                "{}: {} dispatches past the timer's {} untimed",
+                self.name,
+                timer.dropped(),
+                timer.len()
+            ));
+        }
+        Ok(timer.read(ctx)?)
     }
 
     /// What is running now, on the progress bar.
