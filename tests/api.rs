@@ -468,3 +468,68 @@ fn shader_checks_on_match_reference() {
     let e = rel_err(&got, &want);
     assert!(e <= 1e-3, "rel err {e:e}");
 }
+
+#[test]
+fn a_dispatch_timer_names_each_kernel_and_leaves_the_outputs_alone() {
+    // The same chunk on two like caches, one recorded with each dispatch timed: the same
+    // outputs bit for bit, and the timer names what ran (the append, the prefill kernel and
+    // its reduce, per layer).
+    let gpu = ctx();
+    assert!(
+        gpu.capabilities().timestamps_in_passes,
+        "the adapter has no timestamps inside compute passes"
+    );
+    assert!(matches!(
+        kvq::DispatchTimer::new(gpu, 0),
+        Err(KvqError::InvalidArgument(_))
+    ));
+    let spec = CacheSpec::new(2, 8, 2, 64, 300)
+        .with_codecs(KvCodecs::parse("q4_sym").unwrap())
+        .with_prefill_from(1);
+    let n = 40u32;
+    let mut rng = Rng::new(7);
+    let per = (n * 2 * 64) as usize;
+    let (k, v, q) = (
+        rng.normals(per, 1.0),
+        rng.normals(per, 1.0),
+        rng.normals((n * 8 * 64) as usize, 1.0),
+    );
+    let (kb, vb, qb) = (
+        common::storage_buffer(gpu, &k),
+        common::storage_buffer(gpu, &v),
+        common::storage_buffer(gpu, &q),
+    );
+    let mut timer = kvq::DispatchTimer::new(gpu, 4).unwrap();
+    let mut outs = Vec::new();
+    for timed in [false, true] {
+        let mut cache = KvCache::new(gpu, spec.clone()).unwrap();
+        let ob = common::storage_buffer(gpu, &vec![f32::NAN; q.len()]);
+        let io = cache
+            .chunk_io(&kb, &vb, n, InputType::F32, &qb, &ob)
+            .unwrap();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for layer in 0..2 {
+                match timed {
+                    true => cache.chunk_in_timed_pass(&mut pass, layer, &io, &mut timer),
+                    false => cache.chunk_in_pass(&mut pass, layer, &io),
+                }
+                .unwrap();
+            }
+        }
+        timer.resolve(&mut enc);
+        gpu.queue.submit([enc.finish()]);
+        outs.push(common::read_f32(gpu, &ob, q.len()));
+    }
+    assert!(outs[1].iter().all(|x| x.is_finite()));
+    assert_eq!(outs[0], outs[1]);
+    // 3 dispatches a layer, the timer holds 4: the last 2 are recorded untimed.
+    assert_eq!((timer.len(), timer.dropped()), (4, 2));
+    let times = timer.read(gpu).unwrap();
+    let names: Vec<_> = times.iter().map(|t| (t.entry, t.dispatches)).collect();
+    assert_eq!(names, [("append_small", 2), ("prefill", 1), ("reduce", 1)]);
+    assert!(times.iter().all(|t| t.ms >= 0.0 && t.ms.is_finite()));
+    timer.clear();
+    assert!(timer.is_empty() && timer.dropped() == 0);
+}
