@@ -472,8 +472,8 @@ fn shader_checks_on_match_reference() {
 #[test]
 fn a_dispatch_timer_names_each_kernel_and_leaves_the_outputs_alone() {
     // The same chunk on two like caches, one recorded with each dispatch timed: the same
-    // outputs bit for bit, and the timer names what ran (the append, the prefill kernel and
-    // its reduce, per layer).
+    // outputs bit for bit, and the timer names what ran (the append and its commit, the
+    // prefill kernel and its reduce, per layer).
     let gpu = ctx();
     assert!(
         gpu.capabilities().timestamps_in_passes,
@@ -499,7 +499,7 @@ fn a_dispatch_timer_names_each_kernel_and_leaves_the_outputs_alone() {
         common::storage_buffer(gpu, &v),
         common::storage_buffer(gpu, &q),
     );
-    let mut timer = kvq::DispatchTimer::new(gpu, 4).unwrap();
+    let mut timer = kvq::DispatchTimer::new(gpu, 6).unwrap();
     let mut outs = Vec::new();
     for timed in [false, true] {
         let mut cache = KvCache::new(gpu, spec.clone()).unwrap();
@@ -524,11 +524,17 @@ fn a_dispatch_timer_names_each_kernel_and_leaves_the_outputs_alone() {
     }
     assert!(outs[1].iter().all(|x| x.is_finite()));
     assert_eq!(outs[0], outs[1]);
-    // 3 dispatches a layer, the timer holds 4: the last 2 are recorded untimed.
-    assert_eq!((timer.len(), timer.dropped()), (4, 2));
+    // 4 dispatches a layer, the timer holds 6: the last 2 are recorded untimed.
+    assert_eq!((timer.len(), timer.dropped()), (6, 2));
     let times = timer.read(gpu).unwrap();
     let names: Vec<_> = times.iter().map(|t| (t.entry, t.dispatches)).collect();
-    assert_eq!(names, [("append_small", 2), ("prefill", 1), ("reduce", 1)]);
+    let want = [
+        ("append_wide", 2),
+        ("append_commit", 2),
+        ("prefill", 1),
+        ("reduce", 1),
+    ];
+    assert_eq!(names, want);
     assert!(times.iter().all(|t| t.ms >= 0.0 && t.ms.is_finite()));
     timer.clear();
     assert!(timer.is_empty() && timer.dropped() == 0);
