@@ -142,12 +142,16 @@ impl DeviceTuning {
     /// The prefill threshold for `spec`: its own [`CacheSpec::prefill_from`], else this
     /// tuning's for its kernels' products (`half`: f16, [`crate::Precision::Fast`] where the
     /// adapter has it).
+    ///
+    /// A tuned threshold skips a QJL K: its prefill kernel scores the signs' S q beside the
+    /// codes, a query row twice as wide, and measured slower than its split kernel on the
+    /// H200 (1.28× at 64 new tokens, 1.43× at 512, with f16 products).
     pub fn prefill_from(&self, spec: &CacheSpec, half: bool) -> Option<u32> {
         let tuned = match half {
             true => self.prefill_from_f16,
             false => self.prefill_from,
         };
-        spec.prefill_from.or(tuned)
+        spec.prefill_from.or(tuned.filter(|_| !spec.codecs.k.qjl))
     }
 
     /// The decode workgroup for `spec`: its own [`CacheSpec::workgroup`], else this tuning's.
@@ -186,6 +190,12 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
 /// or an f16/int K beside a rotated V; qwen2.5-7b, 4 KV heads, GQA 7: each codec fastest with
 /// its largest one-wave grid). Residency per multiprocessor: [`h200_resident`]. Decode
 /// workgroups of 128 invocations.
+///
+/// Chunks: slices of 64 or more new tokens per sequence take the prefill kernel where its
+/// products are f16 ([`crate::Precision::Fast`]): qwen3-8b over 32k, 0.84–0.97× the split
+/// kernel's GPU time at 64 tokens and 0.78–0.90× at 512 (`none`, `q4_sym`, `turbo3_sym`,
+/// `k_iso3`; BENCHMARKS.md, "Chunks"); with f32 products it is 2× slower, and fewer tokens
+/// were not measured.
 pub const H200: DeviceTuning = DeviceTuning {
     name: "NVIDIA H200",
     adapters: AdapterMatch::Named {
@@ -199,7 +209,7 @@ pub const H200: DeviceTuning = DeviceTuning {
     },
     decode_workgroup: 128,
     prefill_from: None,
-    prefill_from_f16: None,
+    prefill_from_f16: Some(64),
 };
 
 /// Every adapter kvq has no measurements for: Apple, AMD, Intel, browsers (whose adapter
@@ -330,6 +340,21 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn the_h200_takes_the_f16_prefill_kernel_from_64_tokens_but_not_for_a_qjl_k() {
+        let spec = |codecs: &str| {
+            CacheSpec::new(36, 32, 8, 128, 40_000).with_codecs(KvCodecs::parse(codecs).unwrap())
+        };
+        let t = for_adapter(&h200_info());
+        assert_eq!(t.prefill_from(&spec("q4_sym"), true), Some(64));
+        assert_eq!(t.prefill_from(&spec("q4_sym"), false), None);
+        assert_eq!(t.prefill_from(&spec("k_turbo3+qjl"), true), None);
+        // A spec's own threshold wins, QJL or not.
+        let own = spec("k_turbo3+qjl").with_prefill_from(8);
+        assert_eq!(t.prefill_from(&own, true), Some(8));
+        assert_eq!(UNMEASURED.prefill_from(&spec("q4_sym"), true), None);
     }
 
     #[test]
