@@ -49,23 +49,46 @@ pub(crate) const PREFILL_QUERY_FLOATS: u32 = 4096;
 /// adapter.
 pub(crate) const PREFILL_KV_BYTES: u32 = 4096;
 
+/// Bytes of the K/V tile with f16 products: 8 KiB (64 coordinates a K pass, half the passes
+/// and barriers of a 4 KiB tile), which the f16 query tile and weights leave room for.
+pub(crate) const PREFILL_KV_BYTES_F16: u32 = 8192;
+
+/// Products an f16 sum takes at most before it is added into f32: 8 K columns (32
+/// coordinates, summed in pairs) and 16 V rows.
+pub(crate) const PREFILL_F16_SUM: u32 = 16;
+
 impl KernelConfig {
     /// Values of the prefill kernel's K/V tile (`PKV`): [`PREFILL_KV_BYTES`] of f32, or of
     /// f16 with f16 products (twice as many: a K pass then covers 32 coordinates, whose
     /// products are summed in f16 16 at a time before they are added into f32).
     pub(super) fn prefill_kv_values(&self) -> u32 {
-        PREFILL_KV_BYTES / if self.half_products() { 2 } else { 4 }
+        // (A pass of the larger f16 tile covers 64 coordinates: it takes it where the query
+        // rows are whole passes.)
+        if !self.half_products() {
+            PREFILL_KV_BYTES / 4
+        } else if self.prefill_query_width().0.is_multiple_of(64) {
+            PREFILL_KV_BYTES_F16 / 2
+        } else {
+            PREFILL_KV_BYTES / 2
+        }
+    }
+
+    /// Floats of a query row scored against K's codes and of a query row in the tile
+    /// ([`PrefillTile::query_codes`], [`PrefillTile::query_width`]).
+    fn prefill_query_width(&self) -> (u32, u32) {
+        let d = self.head_dim;
+        let codes = if self.k.kind.is_rotated() {
+            self.rot_width()
+        } else {
+            d
+        };
+        (codes + if self.k.qjl { d } else { 0 }, codes)
     }
 
     /// The prefill kernel's tile for this configuration ([`PrefillTile`]).
     pub(crate) fn prefill_tile(&self) -> PrefillTile {
         let d = self.head_dim;
-        let query_codes = if self.k.kind.is_rotated() {
-            self.rot_width()
-        } else {
-            d
-        };
-        let query_width = query_codes + if self.k.qjl { d } else { 0 };
+        let (query_width, query_codes) = self.prefill_query_width();
         let rows_per_group = (PREFILL_QUERY_FLOATS / (PREFILL_ROW_GROUPS * query_width)).min(4);
         let pv4 = self.partial_width() / 4;
         // V rows of a sub-tile: a power of two (it divides the 64 keys of a tile) whose rows
@@ -107,6 +130,16 @@ impl KernelConfig {
         c("PKT", PREFILL_KEYS_PER_LANE);
         c("PLK", t.k_loads);
         c("PLV", t.v_loads);
+        // K columns and V rows an f16 sum takes (f32: a whole pass or batch).
+        let half = self.half_products();
+        c(
+            "PKS",
+            if half {
+                PREFILL_F16_SUM / 2
+            } else {
+                self.prefill_kv_values() / (4 * PREFILL_LANES * PREFILL_KEYS_PER_LANE)
+            },
+        );
     }
 
     /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not
@@ -156,6 +189,9 @@ mod tests {
                 c.precision = precision;
                 let t = c.prefill_tile();
                 assert!(t.query_width.is_multiple_of(32), "{codecs} d={d}");
+                // A K pass's columns divide the query row's.
+                let pass = c.prefill_kv_values() / (PREFILL_LANES * PREFILL_KEYS_PER_LANE);
+                assert!(t.query_width.is_multiple_of(pass), "{codecs} d={d}");
                 assert!(t.value_keys.is_power_of_two() && t.value_keys <= 64);
                 // A pass's K vec4s are spread evenly over the invocations.
                 let lanes = PREFILL_ROW_GROUPS * PREFILL_LANES;
@@ -167,8 +203,7 @@ mod tests {
                 if precision == Precision::Fast {
                     // An f16 sum takes at most 16 products: half a K pass's 32 coordinates
                     // (pairs summed), 16 V rows.
-                    let pass = c.prefill_kv_values() / (PREFILL_LANES * PREFILL_KEYS_PER_LANE);
-                    assert!(pass <= 32 && t.value_keys <= 16, "{codecs} d={d}");
+                    assert!(t.value_keys <= PREFILL_F16_SUM, "{codecs} d={d}");
                 }
                 match c.prefill_rows() {
                     Some(rows) => {

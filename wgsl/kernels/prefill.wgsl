@@ -286,13 +286,16 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
             if cc + PKC < qw4 {
                 kn$l = prefill_k(lid + $lu * PWG, cc + PKC, src);
             }
-            var h$i$j = pf4(0.0);
-            for (var c = 0u; c < PKC; c++) {
-                let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
-                let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
-                h$i$j = fma(q$i, k$j, h$i$j);
+            // (With f16, PKS columns to a sum: 16 products, pairs summed.)
+            for (var c0 = 0u; c0 < PKC; c0 += PKS) {
+                var h$i$j = pf4(0.0);
+                for (var c = c0; c < c0 + PKS; c++) {
+                    let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
+                    let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
+                    h$i$j = fma(q$i, k$j, h$i$j);
+                }
+                s$i$j += psum(h$i$j);
             }
-            s$i$j += psum(h$i$j);
         }
 #if EXACT
         var pos$j: u32;
