@@ -8,16 +8,13 @@
 //! ([`crate::Capabilities::timestamps_in_passes`]); they may also separate dispatches the
 //! driver would otherwise overlap, so time steps without the timer and use it for the split.
 
-use std::collections::BTreeMap;
-
 use crate::cache::{Bound, ChunkIo, KvCache, Recorder, StepIo};
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, GridShape};
 use crate::error::{KvqError, Result};
 
-/// The most dispatches one timer holds: wgpu's query-set limit is 4096 queries, two a
-/// dispatch.
-pub const MAX_TIMED_DISPATCHES: u32 = 2048;
+/// The most dispatches one timer holds: wgpu's query-set limit, two queries a dispatch.
+pub const MAX_TIMED_DISPATCHES: u32 = wgpu::QUERY_SET_MAX_QUERIES / 2;
 
 /// Timestamps around the dispatches kvq records, until [`DispatchTimer::clear`].
 #[derive(Debug)]
@@ -107,53 +104,33 @@ impl DispatchTimer {
         }
     }
 
-    /// Reads the resolved timestamps back (blocking) and sums each kernel's dispatches, in the
-    /// order the kernels were first dispatched.
+    /// Reads the resolved timestamps back (blocking; a download in [`GpuContext::stats`]) and
+    /// sums each kernel's dispatches, in the order the kernels were first dispatched.
     pub fn read(&self, ctx: &GpuContext) -> Result<Vec<KernelTime>> {
         let n = 2 * self.entries.len() as u64;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let rb = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kvq dispatch timer readback"),
-            size: 8 * n,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&self.resolved, 0, &rb, 0, 8 * n);
-        ctx.queue.submit([enc.finish()]);
-        rb.map_async(wgpu::MapMode::Read, .., |_| {});
-        ctx.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| KvqError::Gpu(e.to_string()))?;
-        let view = rb
-            .get_mapped_range(..)
-            .map_err(|e| KvqError::Gpu(format!("{e:?}")))?;
-        let t: &[u64] = bytemuck::cast_slice(&view);
+        let bytes = ctx.read_back(&self.resolved, 0, 8 * n)?;
+        // (Copied out: a byte vector need not be aligned for u64.)
+        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
         let period = ctx.queue.get_timestamp_period() as f64;
-        let mut order = Vec::new();
-        let mut sums: BTreeMap<&'static str, (u32, f64)> = BTreeMap::new();
+        let mut times: Vec<KernelTime> = Vec::new();
         for (i, &entry) in self.entries.iter().enumerate() {
             let ms = t[2 * i + 1].wrapping_sub(t[2 * i]) as f64 * period / 1e6;
-            let s = sums.entry(entry).or_insert_with(|| {
-                order.push(entry);
-                (0, 0.0)
-            });
-            s.0 += 1;
-            s.1 += ms;
-        }
-        Ok(order
-            .into_iter()
-            .map(|entry| {
-                let (dispatches, ms) = sums[entry];
-                KernelTime {
-                    entry,
-                    dispatches,
-                    ms,
+            match times.iter_mut().find(|k| k.entry == entry) {
+                Some(k) => {
+                    k.dispatches += 1;
+                    k.ms += ms;
                 }
-            })
-            .collect())
+                None => times.push(KernelTime {
+                    entry,
+                    dispatches: 1,
+                    ms,
+                }),
+            }
+        }
+        Ok(times)
     }
 }
 

@@ -130,16 +130,7 @@ impl KernelConfig {
         c("PKT", PREFILL_KEYS_PER_LANE);
         c("PLK", t.k_loads);
         c("PLV", t.v_loads);
-        // K columns and V rows an f16 sum takes (f32: a whole pass or batch).
-        let half = self.half_products();
-        c(
-            "PKS",
-            if half {
-                PREFILL_F16_SUM / 2
-            } else {
-                self.prefill_kv_values() / (4 * PREFILL_LANES * PREFILL_KEYS_PER_LANE)
-            },
-        );
+        c("PF16_SUM", PREFILL_F16_SUM);
     }
 
     /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not

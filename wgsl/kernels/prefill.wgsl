@@ -46,6 +46,13 @@ const PBC: u32 = PTK * PKT;
 // vec4s of a query row, and vec4 columns of K decoded per pass of the K/V tile.
 const PQW4: u32 = PQW / 4u;
 const PKC: u32 = PKV / (4u * PBC);
+// K columns summed before the sum goes into f32: with f16, PF16_SUM / 2 (each vec4 lane takes
+// a product a column, and psum adds the lanes in pairs); with f32, a whole pass.
+#if PH
+const PKS: u32 = PF16_SUM / 2u;
+#else
+const PKS: u32 = PKC;
+#endif
 
 // The query tile: PBR rows of PQW values (a rotated K's codes' coordinates, then QJL's S q).
 var<workgroup> pq_sh: array<pf4, PBR * PQW4>;
@@ -286,7 +293,6 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
             if cc + PKC < qw4 {
                 kn$l = prefill_k(lid + $lu * PWG, cc + PKC, src);
             }
-            // (With f16, PKS columns to a sum: 16 products, pairs summed.)
             for (var c0 = 0u; c0 < PKC; c0 += PKS) {
                 var h$i$j = pf4(0.0);
                 for (var c = c0; c < c0 + PKS; c++) {
