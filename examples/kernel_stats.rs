@@ -31,7 +31,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision exact|fast] [--dump DIR]";
+[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision auto|exact|fast (default auto)] [--dump DIR]";
 
 struct Args {
     model: String,
@@ -43,7 +43,8 @@ struct Args {
     /// or the chunk's attention (`chunk`).
     module: KernelModule,
     dump: Option<String>,
-    /// The products' arithmetic (`--precision exact|fast`; fast: the prefill kernel's f16).
+    /// The products' arithmetic (`--precision auto|exact|fast`, resolved per codec as a cache
+    /// does; fast: the prefill kernel's f16).
     precision: kvq::Precision,
 }
 
@@ -56,7 +57,7 @@ fn parse_args() -> Result<Args, String> {
         workgroup: 128,
         module: KernelModule::Step(InputType::F16),
         dump: None,
-        precision: kvq::Precision::Exact,
+        precision: kvq::Precision::Auto,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -332,16 +333,21 @@ fn run() -> Result<(), Error> {
     if let Some(dir) = &args.dump {
         std::fs::create_dir_all(dir)?;
     }
-    let vk = Vulkan::new(args.precision == kvq::Precision::Fast)?;
+    // shaderFloat16 only where some codec's kernels take f16 products (the flag resolved
+    // per codec, as a cache resolves it).
+    let half = names.iter().any(|n| {
+        KvCodecs::parse(n).is_ok_and(|c| args.precision.resolve(&c) == kvq::Precision::Fast)
+    });
+    let vk = Vulkan::new(half)?;
     println!(
-        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {:?})",
+        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {})",
         vk.name,
         args.model,
         args.ctx,
         args.splits,
         args.workgroup,
         args.module.name(),
-        args.precision
+        args.precision.name()
     );
     for name in names {
         let c = KvCodecs::parse(&name)?;
@@ -361,7 +367,7 @@ fn run() -> Result<(), Error> {
             k: c.k,
             v: c.v,
             exact: Default::default(),
-            precision: args.precision,
+            precision: args.precision.resolve(&c),
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.
@@ -376,7 +382,8 @@ fn run() -> Result<(), Error> {
                 .as_ref()
                 .map(|dir| format!("{dir}/{}-{entry}", name.replace(['=', ',', '+'], "_")));
             let stats = vk.pipeline_stats(&src, entry, cfg.clamps_indices(), dump.as_deref())?;
-            println!("{name:<24} {entry:<7} {}", stats.join(", "));
+            let p = cfg.precision.name();
+            println!("{name:<24} {entry:<7} {p:<5} {}", stats.join(", "));
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! The shape of a cache: model dimensions, batch, capacity, codecs and decode tuning.
 
-use crate::codec::KvCodecs;
+use crate::codec::{CodecKind, KvCodecs};
 use crate::error::{KvqError, Result};
 
 /// Most (layer, sequence) pairs a cache may hold (`layers * batch`).
@@ -12,14 +12,25 @@ pub const MAX_LENGTHS: u64 = 1 << 20;
 /// than f16 rounding, so its products need not be f32: `Fast` trades an exact match with
 /// the reference over the dequantized store for f16 operands, which halve the bytes a
 /// kernel moves through workgroup memory and the instructions of its products (packed f16
-/// pairs). What a cache got is [`crate::KernelConfig::precision`]
-/// (`cache.kernel_config().precision`): `Exact` where the adapter has no `shader-f16`.
+/// pairs). The default, `Auto`, takes `Fast` for caches of codes of at most 4 bits and
+/// `Exact` for the rest ([`Precision::resolve`]). What a cache got is
+/// [`crate::KernelConfig::precision`] (`cache.kernel_config().precision`): `Exact` where
+/// the adapter has no `shader-f16`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Precision {
+    /// `Fast` where every quantized side of the cache stores codes of at most 4 bits (and
+    /// at least one side is quantized: `q4_sym`, `k_q4`, every turbo, rotor and iso width,
+    /// with or without QJL), else `Exact` (`none`, a cache with an 8-bit side). On the H200
+    /// the f16 prefill kernel took 0.78–0.97× the exact split kernel's time for `q4_sym`,
+    /// `turbo3_sym` and `k_iso3` (a QJL K keeps the split kernel there), and on five 3/4-bit
+    /// codecs `Fast` adds at most 5 % to the codec's own error (tested). It does not check
+    /// the values' range (see `Fast`): a model whose K or query · key products may pass f16's
+    /// wants `Exact`.
+    #[default]
+    Auto,
     /// f32 operands and products throughout: the GPU's attention matches the f64 reference
     /// over the dequantized store to about 1e-6 relative (tested to 1e-3).
-    #[default]
     Exact,
     /// f16 operands and products where a kernel has them, on adapters with `shader-f16`
     /// ([`crate::Capabilities::f16`]); elsewhere, as on a browser without it, the same
@@ -35,11 +46,26 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// `"exact"` or `"fast"`.
+    /// `"auto"`, `"exact"` or `"fast"`.
     pub fn name(self) -> &'static str {
         match self {
+            Precision::Auto => "auto",
             Precision::Exact => "exact",
             Precision::Fast => "fast",
+        }
+    }
+
+    /// `Exact` or `Fast` for a cache of `codecs`: `Auto` resolved (see [`Precision::Auto`]),
+    /// the others as they are. The adapter may still lack `shader-f16`, which makes `Fast`
+    /// run the exact kernels ([`crate::KernelConfig::precision`] says what a cache got).
+    pub fn resolve(self, codecs: &KvCodecs) -> Precision {
+        let sides = [codecs.k, codecs.v];
+        let quantized = sides.iter().filter(|c| c.kind != CodecKind::None);
+        let low_bits = quantized.clone().all(|c| c.bits <= 4);
+        match self {
+            Precision::Auto if low_bits && quantized.count() > 0 => Precision::Fast,
+            Precision::Auto => Precision::Exact,
+            p => p,
         }
     }
 }
@@ -47,13 +73,14 @@ impl Precision {
 impl std::str::FromStr for Precision {
     type Err = crate::KvqError;
 
-    /// `"exact"` or `"fast"`.
+    /// `"auto"`, `"exact"` or `"fast"`.
     fn from_str(s: &str) -> crate::Result<Precision> {
         match s {
+            "auto" => Ok(Precision::Auto),
             "exact" => Ok(Precision::Exact),
             "fast" => Ok(Precision::Fast),
             _ => Err(crate::KvqError::InvalidSpec(format!(
-                "precision '{s}': exact or fast"
+                "precision '{s}': auto, exact or fast"
             ))),
         }
     }
@@ -179,13 +206,12 @@ pub struct CacheSpec {
     /// Chunk slices of at least this many new tokens per sequence are attended by the
     /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
-    /// [`crate::tuning`] entry's (none on every adapter: on the H200 the split kernel was
-    /// faster with f32 products, and with f16 ones for some codecs only), `Some(u32::MAX)`
-    /// never. Both kernels compute the same attention; this only chooses the faster one. A
+    /// [`crate::tuning`] entry's (on the H200 64 where the products are f16, [`Precision`],
+    /// and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never. Both kernels compute the same attention; this only chooses the faster one. A
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.
     pub prefill_from: Option<u32>,
-    /// The attention products' arithmetic ([`Precision`]); `Exact` by default.
+    /// The attention products' arithmetic ([`Precision`]); `Auto` by default.
     pub precision: Precision,
 }
 
@@ -218,7 +244,7 @@ impl CacheSpec {
             workgroup: None,
             exact: ExactTokens::NONE,
             prefill_from: None,
-            precision: Precision::Exact,
+            precision: Precision::Auto,
         }
     }
 
@@ -384,5 +410,33 @@ impl CacheSpec {
         // Both codecs and the pair (the QJL residual is for K only).
         self.codecs.check_head_dim(self.head_dim)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_precision_is_fast_for_codes_of_at_most_4_bits_only() {
+        let resolve = |name: &str| Precision::Auto.resolve(&KvCodecs::parse(name).unwrap());
+        for fast in [
+            "q4_sym",
+            "k_q4",
+            "turbo3_sym",
+            "k_iso3",
+            "k_turbo3+qjl",
+            "k=q4,v=turbo3",
+        ] {
+            assert_eq!(resolve(fast), Precision::Fast, "{fast}");
+        }
+        for exact in ["none", "q8_sym", "k_q8", "k=q8,v=q4", "k=q4,v=q8"] {
+            assert_eq!(resolve(exact), Precision::Exact, "{exact}");
+        }
+        let q4 = KvCodecs::parse("q4_sym").unwrap();
+        assert_eq!(Precision::Exact.resolve(&q4), Precision::Exact);
+        assert_eq!(Precision::Fast.resolve(&KvCodecs::NONE), Precision::Fast);
+        assert_eq!(CacheSpec::new(1, 8, 2, 64, 16).precision, Precision::Auto);
+        assert_eq!("auto".parse::<Precision>().unwrap(), Precision::Auto);
     }
 }

@@ -385,9 +385,10 @@ fn exact_tokens_in_chunks() {
         if prefill {
             spec = spec.with_prefill_from(1);
         }
-        if fast {
-            spec = spec.with_precision(Precision::Fast);
-        }
+        spec = spec.with_precision(match fast {
+            true => Precision::Fast,
+            false => Precision::Exact,
+        });
         let mut c = Checked::new(spec, 11);
         assert_eq!(c.cache.kernel_config().precision, c.spec().precision);
         c.append(0, 40);
@@ -527,9 +528,10 @@ fn k_mean_in_chunks() {
         if prefill {
             spec = spec.with_prefill_from(1);
         }
-        if fast {
-            spec = spec.with_precision(Precision::Fast);
-        }
+        spec = spec.with_precision(match fast {
+            true => Precision::Fast,
+            false => Precision::Exact,
+        });
         let mut c = Checked::new(spec, 23);
         assert_eq!(c.cache.kernel_config().precision, c.spec().precision);
         let tol = if fast { FAST_TOL } else { TOL };

@@ -40,7 +40,7 @@ fn configs() -> Vec<KernelConfig> {
                 k,
                 v: vc,
                 exact: Default::default(),
-                precision: Default::default(),
+                precision: kvq::Precision::Exact,
             });
         }
     }

@@ -131,7 +131,7 @@ impl Setup {
             tokens,
             ctx,
             prefill_from: None,
-            precision: kvq::Precision::Exact,
+            precision: kvq::Precision::Auto,
         })
     }
 

@@ -63,8 +63,9 @@ const USAGE: &str =
                  recentN keeps exact, no longer count
   --prefill-from N  attend chunk slices of at least N tokens with kvq's prefill kernel
                  (CacheSpec::prefill_from; default: the adapter's tuning)
-  --precision exact|fast  the caches' products (CacheSpec::precision; fast: f16 where the
-                 adapter has shader-f16, today in the prefill kernel)
+  --precision auto|exact|fast  the caches' products (CacheSpec::precision; default auto:
+                 fast for codes of at most 4 bits, else exact; fast: f16 where the adapter has
+                 shader-f16, today in the prefill kernel)
   --levers-only  run only the lever rows (and exact, none): not the codecs' GPU rows
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
   --plot FILE    KL divergence against stored bits per value, SVG
@@ -123,7 +124,7 @@ fn parse_args() -> Result<Args, String> {
         plot: None,
         replot: None,
         prefill_from: None,
-        precision: kvq::Precision::Exact,
+        precision: kvq::Precision::Auto,
     };
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);

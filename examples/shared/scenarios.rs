@@ -69,10 +69,12 @@ pub fn scenarios() -> Vec<Scenario> {
         {
             let (d, qh, kvh, batch, seg, prefill) = shapes[(i + i / 4) % shapes.len()];
             let steps = 3;
+            // f32 products: the plans hold the exact kernels' tolerance (1e-3).
             let mut spec = CacheSpec::new(2, qh, kvh, d, prefill + steps + 11)
                 .with_codecs(pair)
                 .with_batch(batch)
-                .with_splits(3);
+                .with_splits(3)
+                .with_precision(kvq::Precision::Exact);
             spec.segment_tokens = seg;
             if i % 3 == 2 {
                 // A sliding window whose ring wraps during the prefill or the steps.

@@ -8,7 +8,7 @@ use crate::codec_list::split_codecs;
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks] [--kernel-times]
-             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--precision exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--precision auto|exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
@@ -68,7 +68,8 @@ pub struct Args {
     /// `--prefill-from N`: chunk slices of at least N new tokens per sequence take the
     /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning.
     pub prefill_from: Option<u32>,
-    /// `--precision exact|fast`: the caches' products (`CacheSpec::with_precision`).
+    /// `--precision auto|exact|fast`: the caches' products (`CacheSpec::with_precision`;
+    /// default `auto`, the library's).
     pub precision: kvq::Precision,
 }
 
@@ -112,7 +113,7 @@ impl Default for Args {
             mem_budget: None,
             exact: kvq::ExactTokens::NONE,
             prefill_from: None,
-            precision: kvq::Precision::Exact,
+            precision: kvq::Precision::Auto,
         }
     }
 }

@@ -91,7 +91,7 @@ pub(super) fn plan(
         exact: spec.exact,
         // Without shader-f16 the fast products are not there: the exact kernels run.
         precision: match f16 {
-            true => spec.precision,
+            true => spec.precision.resolve(&spec.codecs),
             false => Precision::Exact,
         },
     };

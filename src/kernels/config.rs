@@ -86,8 +86,10 @@ pub struct KernelConfig {
     pub v: Codec,
     /// Tokens kept exact beside their codes (see [`crate::ExactTokens`]).
     pub exact: crate::spec::ExactTokens,
-    /// The products' arithmetic ([`crate::Precision`]), as the adapter resolves it: `Fast`
-    /// only where it has `shader-f16`.
+    /// The products' arithmetic ([`crate::Precision`]). A cache's is resolved for its codecs
+    /// and adapter: `Exact` or `Fast`, `Fast` only where the adapter has `shader-f16`. One
+    /// built by hand may say `Auto`, which these kernels resolve as a cache does
+    /// ([`crate::Precision::resolve`]); `Fast` kernels need `shader-f16`.
     pub precision: crate::spec::Precision,
 }
 
@@ -273,7 +275,11 @@ impl KernelConfig {
 
     /// Whether the kernels that have f16 products use them ([`crate::Precision::Fast`]).
     pub(crate) fn half_products(&self) -> bool {
-        self.precision == crate::spec::Precision::Fast
+        let codecs = crate::codec::KvCodecs {
+            k: self.k,
+            v: self.v,
+        };
+        self.precision.resolve(&codecs) == crate::spec::Precision::Fast
     }
 
     /// The WGSL of `module` for this configuration.
@@ -659,7 +665,7 @@ pub(super) mod tests {
             k: c.k,
             v: c.v,
             exact: Default::default(),
-            precision: Default::default(),
+            precision: crate::spec::Precision::Exact,
         }
     }
 
