@@ -264,12 +264,6 @@ impl KernelConfig {
         h.constant("SCALE", Value::F32(self.scale));
         h.constant("EXACT", Value::Bool(self.exact.any()));
         h.constant("KMEAN", Value::Bool(self.exact.k_mean));
-        self.prefill_defines(&mut h);
-        let half = self.half_products();
-        h.constant("PH", Value::Bool(half));
-        if half {
-            h.enable("f16");
-        }
         h
     }
 
@@ -317,6 +311,17 @@ impl KernelConfig {
         defines.switch("ENCODE", module.encodes());
         defines.switch("IN_F16", module.input() == Some(InputType::F16));
         defines.switch("CHUNK", module == KernelModule::Chunk);
+        // The prefill kernel's tile and products only where it is (the chunk module): the
+        // other modules' text, and so the kernels a driver compiles and caches for them, is
+        // the same whatever the precision.
+        if module == KernelModule::Chunk {
+            self.prefill_defines(&mut defines);
+            let half = self.half_products();
+            defines.constant("PH", Value::Bool(half));
+            if half {
+                defines.enable("f16");
+            }
+        }
         preprocess::assemble(module.root(), &defines)
     }
 
@@ -643,7 +648,8 @@ const CODE_GROUPS: u32 = 8;
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::{KernelConfig, k_unroll};
+    use super::{KernelConfig, KernelModule, k_unroll};
+    use crate::spec::Precision;
     use crate::KvCodecs;
 
     /// A one-layer configuration of `codecs` at `head_dim`, GQA 4 (the kernels' tests').
@@ -666,6 +672,23 @@ pub(super) mod tests {
             v: c.v,
             exact: Default::default(),
             precision: crate::spec::Precision::Exact,
+        }
+    }
+
+    #[test]
+    fn only_the_chunk_module_depends_on_the_precision() {
+        // The f16 products are the prefill kernel's: every other module's text is the same,
+        // so a driver's shader cache serves a Fast cache's kernels from an Exact one's.
+        for codecs in ["q4_sym", "turbo3_sym", "k_turbo3+qjl"] {
+            let exact = cfg(codecs, 128);
+            let fast = KernelConfig {
+                precision: Precision::Fast,
+                ..exact
+            };
+            for m in KernelModule::all() {
+                let (a, b) = (exact.module_source(m), fast.module_source(m));
+                assert_eq!(a.unwrap() == b.unwrap(), m != KernelModule::Chunk, "{codecs} {m:?}");
+            }
         }
     }
 
