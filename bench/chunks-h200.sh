@@ -23,7 +23,13 @@ PYTHONUNBUFFERED=1 timeout $(( $(left) - 230 )) python3 bench/anchor_torch_chunk
   > "$out/anchor-chunk-$tag.jsonl" 2> "$out/anchor-chunk-$tag.err"
 tail -12 "$out/anchor-chunk-$tag.jsonl"
 echo "== long chunks ($(left) s left)"
-timeout $(( $(left) - 5 )) $sweep "${common[@]}" --queries 64,512 --steps 5 --warmup 2 \
+timeout $(( $(left) - 40 )) $sweep "${common[@]}" --queries 64,512 --steps 5 --warmup 2 \
   --csv "$out/sweep-qwen3-8b-chunks-n512-$tag.csv" > "$out/sweep-qwen3-8b-chunks-n512-$tag.log" 2>&1
 tail -30 "$out/sweep-qwen3-8b-chunks-n512-$tag.log"
+echo "== exact tokens' kernels at 4k ($(left) s left)"
+for x in "" "--exact 16,32"; do
+  timeout $(( $(left) / 2 )) $sweep --model qwen3-8b --ctx 4096 --codecs none,turbo3_sym --kernel-times \
+    --rounds 2 --steps 20 --warmup 5 $x 2>&1 | grep -E "GPU ms per kernel|\] round|^(none|turbo3_sym) "
+done > "$out/exact-kernels-4k-$tag.log"
+cat "$out/exact-kernels-4k-$tag.log"
 ls -la "$out"

@@ -371,9 +371,9 @@ fn exact_tokens_in_chunks() {
         ("k_turbo3+qjl", 70, None, 0),
         ("iso3_sym", 40, None, 0),
     ];
-    // (The prefill kernel with f32 products on four of them: q4_sym's int K and k_iso3's
-    // rotated K alone take it with f16 products, q4_sym below, turbo4_sym's rotated K here;
-    // each cache compiles its own kernels, lavapipe's cost.)
+    // (The prefill kernel with f32 products on four of them: q4_sym takes it with f16
+    // products below, and k_iso3's rotated K is turbo4_sym's here and k_mean_in_chunks' with
+    // f16 products; each cache compiles its own kernels, lavapipe's cost.)
     let fast = [cases[0], cases[3], cases[4]].map(|c| (c, true, true));
     let tiled = |name: &str| !matches!(name, "q4_sym" | "k_iso3");
     for ((name, n, seg, recent), prefill, fast) in cases
