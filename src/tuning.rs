@@ -212,8 +212,25 @@ pub const H200: DeviceTuning = DeviceTuning {
     prefill_from_f16: Some(64),
 };
 
+/// NVIDIA H100 SXM (its Vulkan name "NVIDIA H100 80GB HBM3"): the H200's GH100 chip, with
+/// its 132 multiprocessors, registers and workgroup memory and less memory bandwidth, so the
+/// H200's rules. Measured there in one call (qwen3-8b, 32k; BENCHMARKS.md, "Chunks on an
+/// H100"): chunks of 4 new tokens took 0.46–0.56× the time with 64 splits that they took
+/// with 8 (about what [`UNMEASURED`]'s rule gives it), and the f16 prefill kernel took
+/// 0.81–0.82× the split kernel's time at 64 and 512 new tokens (`q4_sym`, `turbo3_sym`).
+/// Single-token decode steps were not timed apart on it. (The PCIe H100, 114
+/// multiprocessors, does not match: it keeps [`UNMEASURED`].)
+pub const H100_SXM: DeviceTuning = DeviceTuning {
+    name: "NVIDIA H100 SXM",
+    adapters: AdapterMatch::Named {
+        vendor: 0x10de,
+        name_contains: "H100 80GB HBM3",
+    },
+    ..H200
+};
+
 /// Every adapter kvq has no measurements for: Apple, AMD, Intel, browsers (whose adapter
-/// information names no device), NVIDIA GPUs but the H200.
+/// information names no device), NVIDIA GPUs but the H200 and the H100 SXM.
 ///
 /// One wave of a small GPU: [`H200`]'s rule with 16 multiprocessors instead of 132 (7 splits
 /// for llama3-8b's 8 KV heads at GQA 4, one sequence; 3 at GQA 8). It is conservative
@@ -240,7 +257,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
 };
 
 /// The measured tunings, the first match wins; an adapter none matches gets [`UNMEASURED`].
-pub const MEASURED: &[DeviceTuning] = &[CPU_DRIVER, H200];
+pub const MEASURED: &[DeviceTuning] = &[CPU_DRIVER, H200, H100_SXM];
 
 /// The tuning kvq uses for the adapter `info` describes: the first of [`MEASURED`] that
 /// matches it, else [`UNMEASURED`].
@@ -443,11 +460,7 @@ mod tests {
                 "Intel(R) Arc(tm) A770 Graphics",
                 wgpu::DeviceType::DiscreteGpu,
             ),
-            (
-                0x10de,
-                "NVIDIA H100 80GB HBM3",
-                wgpu::DeviceType::DiscreteGpu,
-            ),
+            (0x10de, "NVIDIA H100 PCIe", wgpu::DeviceType::DiscreteGpu),
             (
                 0x10de,
                 "NVIDIA GeForce RTX 4090",
@@ -466,6 +479,15 @@ mod tests {
         for info in &others {
             assert_eq!(for_adapter(info).name, UNMEASURED.name, "{}", info.name);
         }
+        // The H100 SXM (as its Vulkan driver names it) takes the H200's rules.
+        let mut sxm = wgpu::AdapterInfo::new(wgpu::DeviceType::DiscreteGpu, wgpu::Backend::Vulkan);
+        sxm.vendor = 0x10de;
+        sxm.name = "NVIDIA H100 80GB HBM3".into();
+        let h100 = for_adapter(&sxm);
+        assert_eq!(h100.name, H100_SXM.name);
+        let llama3_8b = CacheSpec::new(1, 32, 8, 128, 32768);
+        assert_eq!(h100.splits(&llama3_8b, 32768), 64);
+        assert_eq!(h100.prefill_from_f16, H200.prefill_from_f16);
         // One wave of 16 multiprocessors: 16 x 4 x 128 / 128 = 64 slots over 8 KV heads.
         let t = &UNMEASURED;
         let llama3_8b = CacheSpec::new(1, 32, 8, 128, 32768);

@@ -649,8 +649,8 @@ const CODE_GROUPS: u32 = 8;
 #[cfg(test)]
 pub(super) mod tests {
     use super::{KernelConfig, KernelModule, k_unroll};
-    use crate::spec::Precision;
     use crate::KvCodecs;
+    use crate::spec::Precision;
 
     /// A one-layer configuration of `codecs` at `head_dim`, GQA 4 (the kernels' tests').
     pub(in crate::kernels) fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
@@ -687,7 +687,11 @@ pub(super) mod tests {
             };
             for m in KernelModule::all() {
                 let (a, b) = (exact.module_source(m), fast.module_source(m));
-                assert_eq!(a.unwrap() == b.unwrap(), m != KernelModule::Chunk, "{codecs} {m:?}");
+                assert_eq!(
+                    a.unwrap() == b.unwrap(),
+                    m != KernelModule::Chunk,
+                    "{codecs} {m:?}"
+                );
             }
         }
     }

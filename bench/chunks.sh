@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Runs on the H200 device machine: chunks of n new tokens over 32k (qwen3-8b) for the codecs
+# Runs on the device machine (an H200, or an H100): chunks of n new tokens over 32k (qwen3-8b) for the codecs
 # BENCHMARKS.md reports, each kernel's GPU ms beside every point, and the PyTorch anchor at
-# the same shapes, in one call. Usage: bash bench/chunks-h200.sh OUTDIR. Needs .gl/ and
+# the same shapes, in one call. Usage: bash bench/chunks.sh OUTDIR. Needs .gl/ and
 # target/release/examples/sweep carried along; BUDGET (s, default 540) bounds the whole run.
 set -u
 out=${1:?outdir}
 end=$((SECONDS + ${BUDGET:-540}))
 left() { echo $((end - SECONDS)); }
 . "$(dirname "$0")/vulkan-env.sh"
-tag="h200-$(date -u +%Y-%m-%d)"
+# The GPU in the file names (h200, h100, ...), from the driver: the call may run on either.
+gpu=$(nvidia-smi -L | head -1 | grep -o -E "[HAB][0-9]{2,3}" | head -1 | tr A-Z a-z)
+tag="${gpu:-gpu}-$(date -u +%Y-%m-%d)"
 nvidia-smi -L > "$out/device-$tag.txt"
 sweep=./target/release/examples/sweep
 codecs=none,q8_sym,q4_sym,turbo3_sym,k_iso3,iso3_sym,k_turbo3+qjl
