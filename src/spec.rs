@@ -190,7 +190,7 @@ pub struct CacheSpec {
     /// Seed of the codecs' fixed random rotations.
     pub seed: u64,
     /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
-    /// adapter's [`crate::tuning`] entry (an H200: the largest split grid that fits in one
+    /// adapter's [`crate::tuning`] entry (an H200 or H100 SXM: the largest split grid that fits in one
     /// wave of its resident workgroups for this GQA ratio and codec, at most 64 per head; a
     /// CPU driver: 1-4 by capacity; any other adapter, unmeasured: one wave of a small GPU of
     /// 16 multiprocessors, [`crate::tuning::UNMEASURED`]).
@@ -206,8 +206,8 @@ pub struct CacheSpec {
     /// Chunk slices of at least this many new tokens per sequence are attended by the
     /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
-    /// [`crate::tuning`] entry's (on the H200 64 where the products are f16, [`Precision`],
-    /// and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never. Both kernels compute the same attention; this only chooses the faster one. A
+    /// [`crate::tuning`] entry's (on the H200 and the H100 SXM 64 where the products are f16,
+    /// [`Precision`], and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never. Both kernels compute the same attention; this only chooses the faster one. A
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.
     pub prefill_from: Option<u32>,

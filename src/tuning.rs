@@ -214,12 +214,12 @@ pub const H200: DeviceTuning = DeviceTuning {
 
 /// NVIDIA H100 SXM (its Vulkan name "NVIDIA H100 80GB HBM3"): the H200's GH100 chip, with
 /// its 132 multiprocessors, registers and workgroup memory and less memory bandwidth, so the
-/// H200's rules. Measured there in one call (qwen3-8b, 32k; BENCHMARKS.md, "Chunks on an
-/// H100"): chunks of 4 new tokens took 0.46–0.56× the time with 64 splits that they took
-/// with 8 (about what [`UNMEASURED`]'s rule gives it), and the f16 prefill kernel took
-/// 0.81–0.82× the split kernel's time at 64 and 512 new tokens (`q4_sym`, `turbo3_sym`).
-/// Single-token decode steps were not timed apart on it. (The PCIe H100, 114
-/// multiprocessors, does not match: it keeps [`UNMEASURED`].)
+/// H200's rules. Measured there in two calls (qwen3-8b; BENCHMARKS.md, "On an H100 SXM"):
+/// decode steps at 32k took 0.26–0.36× the time they took with 8 splits (about what
+/// [`UNMEASURED`]'s rule gives it), chunks of 4 new tokens 0.45–0.56× (`none`, `q4_sym`,
+/// `turbo3_sym`), and the f16 prefill kernel 0.81–0.82× the split kernel's time at 64 and
+/// 512 new tokens (`q4_sym`, `turbo3_sym`). (The PCIe H100, 114 multiprocessors, does not
+/// match: it keeps [`UNMEASURED`].)
 pub const H100_SXM: DeviceTuning = DeviceTuning {
     name: "NVIDIA H100 SXM",
     adapters: AdapterMatch::Named {

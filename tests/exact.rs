@@ -360,7 +360,7 @@ fn exact_tokens_with_segments_and_fused_steps() {
 /// longer than a slice (appended and attended slice by slice) across storage segments.
 #[test]
 fn exact_tokens_in_chunks() {
-    // Each chunk by the split kernel and by the prefill kernel (its exact workgroup attends
+    // Each chunk by the split kernel, most by the prefill kernel too (its exact workgroup attends
     // the sink and the ring, its code workgroups mask each row's ring); a sink without a
     // ring too; some by the prefill kernel with f16 products (`fast`, to its own tolerance).
     let cases = [
@@ -372,8 +372,8 @@ fn exact_tokens_in_chunks() {
         ("iso3_sym", 40, None, 0),
     ];
     // (The prefill kernel with f32 products on four of them: q4_sym takes it with f16
-    // products below, and k_iso3's rotated K is turbo4_sym's here and k_mean_in_chunks' with
-    // f16 products; each cache compiles its own kernels, lavapipe's cost.)
+    // products below, k_iso3 with f16 products in k_mean_in_chunks; each cache compiles its
+    // own kernels, lavapipe's cost.)
     let fast = [cases[0], cases[3], cases[4]].map(|c| (c, true, true));
     let tiled = |name: &str| !matches!(name, "q4_sym" | "k_iso3");
     for ((name, n, seg, recent), prefill, fast) in cases

@@ -14,7 +14,8 @@ pub enum Target {
     /// A browser's WebGPU (Tint in Chrome, also Dawn outside a browser; naga in Firefox):
     /// `enable f16;` where the `f16` type is used, and no subgroup operations (browsers
     /// cannot grant subgroups through wgpu). Today's kernels use no subgroups, and f16 only
-    /// with [`crate::Precision::Fast`], whose text enables it already, so the text equals
+    /// in the chunk module with f16 products ([`crate::Precision::Fast`], or `Auto` resolved
+    /// to it), whose text enables it already, so the text equals
     /// [`Target::Native`]'s; a kernel that needs subgroups is refused for this target.
     Browser,
 }
