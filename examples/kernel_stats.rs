@@ -333,11 +333,13 @@ fn run() -> Result<(), Error> {
     if let Some(dir) = &args.dump {
         std::fs::create_dir_all(dir)?;
     }
-    // shaderFloat16 only where some codec's kernels take f16 products (the flag resolved
-    // per codec, as a cache resolves it).
-    let half = names.iter().any(|n| {
-        KvCodecs::parse(n).is_ok_and(|c| args.precision.resolve(&c) == kvq::Precision::Fast)
-    });
+    // Each codec's precision resolved as a cache resolves it; shaderFloat16 only where some
+    // codec's kernels take f16 products.
+    let codecs = names
+        .iter()
+        .map(|n| KvCodecs::parse(n).map(|c| (n, c, args.precision.resolve(&c))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let half = codecs.iter().any(|&(_, _, p)| p == kvq::Precision::Fast);
     let vk = Vulkan::new(half)?;
     println!(
         "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {})",
@@ -349,8 +351,7 @@ fn run() -> Result<(), Error> {
         args.module.name(),
         args.precision.name()
     );
-    for name in names {
-        let c = KvCodecs::parse(&name)?;
+    for (name, c, precision) in codecs {
         let cfg = KernelConfig {
             head_dim,
             gqa: q_heads / kv_heads,
@@ -367,7 +368,7 @@ fn run() -> Result<(), Error> {
             k: c.k,
             v: c.v,
             exact: Default::default(),
-            precision: args.precision.resolve(&c),
+            precision,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.

@@ -490,7 +490,6 @@ mod tests {
         assert_eq!(h100.prefill_from_f16, H200.prefill_from_f16);
         // One wave of 16 multiprocessors: 16 x 4 x 128 / 128 = 64 slots over 8 KV heads.
         let t = &UNMEASURED;
-        let llama3_8b = CacheSpec::new(1, 32, 8, 128, 32768);
         assert_eq!(t.splits(&llama3_8b, 32768), 7);
         assert_eq!(H200.splits(&llama3_8b, 32768), 64);
         let qjl = llama3_8b

@@ -7,6 +7,7 @@
 //! every exported shader self-contained. `wgsl/README.md` states what each file provides.
 
 mod config;
+mod constants;
 mod module;
 mod pipelines;
 mod poison;
