@@ -14,8 +14,9 @@ pub enum GridTerm {
     QHeads,
     /// KV heads × sequences (one decode workgroup per KV head of each sequence).
     KvHeadsBatch,
-    /// Decode splits per storage segment, plus the one for the tokens a fused step appends,
-    /// plus one for the exact tokens where the cache keeps them ([`crate::ExactTokens`]).
+    /// Splits per storage segment (the decode's, or a chunk slice's own), plus the one for
+    /// the tokens a fused step appends, plus one for the exact tokens where the cache keeps
+    /// them ([`crate::ExactTokens`]).
     SplitsPlusOne,
     /// `append_wide`'s workgroups for an append of `n` tokens: `max(ceil(n * kv_heads *
     /// tasks_per_row / (256 * items)), ceil(n * kv_heads / coop_rows))` with `items` and
@@ -75,7 +76,9 @@ pub struct GridShape {
     pub q_heads: u32,
     /// KV heads.
     pub kv_heads: u32,
-    /// Decode splits per storage segment (the cache's, after its defaults and clamps).
+    /// Splits per storage segment: the cache's decode splits (after its defaults and
+    /// clamps), or for a chunk slice its own ([`crate::CacheSpec::chunk_splits`], at most
+    /// those; the slice's params hold it for the kernels).
     pub splits: u32,
     /// 1 where the cache keeps exact tokens ([`crate::ExactTokens`]), else 0.
     pub exact: u32,

@@ -195,6 +195,12 @@ pub struct CacheSpec {
     /// CPU driver: 1-4 by capacity; any other adapter, unmeasured: one wave of a small GPU of
     /// 16 multiprocessors, [`crate::tuning::UNMEASURED`]).
     pub splits: Option<u32>,
+    /// Splits per storage segment a chunk's slices take ([`crate::KvCache::chunk`]), at most
+    /// the decode's ([`CacheSpec::splits`]; a larger value takes those); `None` picks per
+    /// slice from the adapter's [`crate::tuning`] entry by its workgroups per split (a long
+    /// slice has parallelism enough in its queries, and fewer splits write and merge fewer
+    /// partials). Attention is the same either way; this only changes its speed.
+    pub chunk_splits: Option<u32>,
     /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
     /// Capacities above it are split into several buffers per layer.
     pub segment_tokens: Option<u32>,
@@ -240,6 +246,7 @@ impl CacheSpec {
             scale: None,
             seed: 0x6b76_715f_7365_6564,
             splits: None,
+            chunk_splits: None,
             segment_tokens: None,
             workgroup: None,
             exact: ExactTokens::NONE,
@@ -299,6 +306,12 @@ impl CacheSpec {
     /// Sets the number of decode splits per KV head.
     pub fn with_splits(mut self, splits: u32) -> CacheSpec {
         self.splits = Some(splits);
+        self
+    }
+
+    /// Sets the splits per storage segment of a chunk's slices ([`CacheSpec::chunk_splits`]).
+    pub fn with_chunk_splits(mut self, splits: u32) -> CacheSpec {
+        self.chunk_splits = Some(splits);
         self
     }
 
@@ -385,6 +398,11 @@ impl CacheSpec {
             && !(1..=1024).contains(&s)
         {
             return bad(format!("splits {s} must be between 1 and 1024"));
+        }
+        if let Some(s) = self.chunk_splits
+            && !(1..=1024).contains(&s)
+        {
+            return bad(format!("chunk splits {s} must be between 1 and 1024"));
         }
         // The kernels' shape rules (one copy, in kernels): head_dim, GQA ratio, workgroup.
         use crate::kernels::{ShapeRule, check_shape};

@@ -117,6 +117,59 @@ impl SplitRule {
     }
 }
 
+/// How a tuning picks a chunk slice's splits per storage segment when the spec leaves them
+/// unset ([`CacheSpec::chunk_splits`]): from the decode's splits (one wave of single-query
+/// workgroups per KV head and sequence) and the slice's workgroups per KV head and split
+/// (`groups`: the split kernel's query groups, or the prefill kernel's row tiles), so that
+/// the slice's grid holds `waves` decode grids' worth of split workgroups: a slice of many
+/// query groups already fills the GPU, and more splits only write and merge more partials
+/// and give each split fewer tiles to spread its query loads over.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkSplitRule {
+    /// Decode grids' worth of workgroups a split kernel slice aims for.
+    pub split_waves: u32,
+    /// The same where V is rotated (turbo, rotor or iso: eight values an invocation), whose
+    /// chunk split kernel holds more registers than its decode (168 against 126 for
+    /// `turbo3_sym` on an H200), so that fewer of its workgroups fit a multiprocessor and one
+    /// decode grid runs as a wave and a third.
+    pub rotated_v_waves: u32,
+    /// The same for a prefill kernel slice.
+    pub prefill_waves: u32,
+    /// Fewest splits (unless the decode has fewer).
+    pub min: u32,
+}
+
+impl ChunkSplitRule {
+    /// Splits per segment for a slice of `spec`'s cache of `groups` workgroups per KV head and
+    /// split (the prefill kernel's where `prefill`), under a decode of `decode` splits.
+    pub fn splits(&self, spec: &CacheSpec, groups: u32, prefill: bool, decode: u32) -> u32 {
+        let waves = if prefill {
+            self.prefill_waves
+        } else if spec.codecs.v.kind.is_rotated() {
+            self.rotated_v_waves
+        } else {
+            self.split_waves
+        };
+        (decode.saturating_mul(waves) / groups.max(1)).clamp(self.min.min(decode), decode)
+    }
+}
+
+/// Chunk splits as measured on an H100 SXM (BENCHMARKS.md, "A chunk's split count"; qwen3-8b
+/// over 32k, 64 decode splits, chunks of 4 to 512 tokens): one decode grid for the split
+/// kernel (32 splits at 4 new tokens, 16 at 8, 8 at 16, 4 from 64 on: `none` and `q4_sym`
+/// within 2.5 % of the best count at each n, 0.70–0.93× the time with 64); two where V is
+/// rotated (`turbo3_sym` at 4 new tokens: 64 splits 6.4 ms, 32 7.3, 16 6.7, and one grid made
+/// its chunks of 4 and 8 1.15× slower); two for the prefill kernel (16 at 64 tokens, 4 at
+/// 512; 8 at 64 tokens, a grid just past two waves of its larger workgroups, took 1.21× the
+/// time of 16); at least 4. Unmeasured adapters take it too: it follows the decode's split
+/// count, which is their own one-wave estimate.
+pub const CHUNK_SPLITS: ChunkSplitRule = ChunkSplitRule {
+    split_waves: 1,
+    rotated_v_waves: 2,
+    prefill_waves: 2,
+    min: 4,
+};
+
 /// The decode defaults for one kind of device.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
@@ -136,6 +189,8 @@ pub struct DeviceTuning {
     /// The same with f16 products ([`crate::Precision::Fast`] on an adapter with
     /// `shader-f16`), which make the prefill kernel a different kernel for speed.
     pub prefill_from_f16: Option<u32>,
+    /// How a chunk slice's splits follow from its size.
+    pub chunk_splits: ChunkSplitRule,
 }
 
 impl DeviceTuning {
@@ -152,6 +207,15 @@ impl DeviceTuning {
             false => self.prefill_from,
         };
         spec.prefill_from.or(tuned.filter(|_| !spec.codecs.k.qjl))
+    }
+
+    /// A chunk slice's splits per segment: the spec's [`CacheSpec::chunk_splits`], else this
+    /// tuning's rule for a slice of `groups` workgroups per KV head and split (row tiles of
+    /// the prefill kernel where `prefill`), at most the cache's `decode` splits.
+    pub fn chunk_splits(&self, spec: &CacheSpec, groups: u32, prefill: bool, decode: u32) -> u32 {
+        spec.chunk_splits
+            .unwrap_or_else(|| self.chunk_splits.splits(spec, groups, prefill, decode))
+            .clamp(1, decode)
     }
 
     /// The decode workgroup for `spec`: its own [`CacheSpec::workgroup`], else this tuning's.
@@ -180,6 +244,7 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
     decode_workgroup: 128,
     prefill_from: None,
     prefill_from_f16: None,
+    chunk_splits: CHUNK_SPLITS,
 };
 
 /// NVIDIA H200 (132 multiprocessors), where every default was measured (BENCHMARKS.md, "Split
@@ -210,6 +275,7 @@ pub const H200: DeviceTuning = DeviceTuning {
     decode_workgroup: 128,
     prefill_from: None,
     prefill_from_f16: Some(64),
+    chunk_splits: CHUNK_SPLITS,
 };
 
 /// NVIDIA H100 SXM (its Vulkan name "NVIDIA H100 80GB HBM3"): the H200's GH100 chip, with
@@ -254,6 +320,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
     decode_workgroup: 128,
     prefill_from: None,
     prefill_from_f16: None,
+    chunk_splits: CHUNK_SPLITS,
 };
 
 /// The measured tunings, the first match wins; an adapter none matches gets [`UNMEASURED`].
@@ -372,6 +439,30 @@ mod tests {
         let own = spec("k_turbo3+qjl").with_prefill_from(8);
         assert_eq!(t.prefill_from(&own, true), Some(8));
         assert_eq!(UNMEASURED.prefill_from(&spec("q4_sym"), true), None);
+    }
+
+    #[test]
+    fn a_chunk_slice_fills_one_decode_grid_with_at_least_4_splits() {
+        let spec = CacheSpec::new(36, 32, 8, 128, 40_000);
+        let t = for_adapter(&h200_info());
+        let decode = t.splits(&spec, 40_000);
+        assert_eq!(decode, 64);
+        // The split kernel serves 2 new tokens a workgroup at GQA 4: chunks of 4 to 512.
+        let split = [2, 4, 8, 32, 128].map(|z| t.chunk_splits(&spec, z, false, decode));
+        assert_eq!(split, [32, 16, 8, 4, 4]);
+        // The prefill kernel 32 rows a tile: chunks of 64 and 512 (slices of 256).
+        let tiled = [8, 32].map(|z| t.chunk_splits(&spec, z, true, decode));
+        assert_eq!(tiled, [16, 4]);
+        // Fewer decode splits bound it; a spec's own count wins, capped by the decode's.
+        assert_eq!(t.chunk_splits(&spec, 128, false, 3), 3);
+        let own = spec.clone().with_chunk_splits(9);
+        assert_eq!(t.chunk_splits(&own, 1, false, 3), 3);
+        assert_eq!(t.chunk_splits(&own, 1, false, 64), 9);
+        assert_eq!(UNMEASURED.chunk_splits(&spec, 128, false, 7), 4);
+        // A rotated V's chunk kernel holds fewer workgroups a multiprocessor: two grids.
+        let turbo = spec.with_codecs(KvCodecs::parse("turbo3_sym").unwrap());
+        let split = [2, 4, 8, 32].map(|z| t.chunk_splits(&turbo, z, false, decode));
+        assert_eq!(split, [64, 32, 16, 4]);
     }
 
     #[test]

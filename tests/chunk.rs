@@ -127,6 +127,26 @@ fn chunks_of_f16_and_int_codecs_match_the_reference() {
 }
 
 #[test]
+fn chunks_of_fewer_splits_than_the_decode_match_the_reference() {
+    // A chunk's slices take their own split count (CacheSpec::chunk_splits), their partials
+    // packed by it segment after segment: 1 and 2 of the decode's 3, across storage segments
+    // and a prefix past the new split boundaries, by the split and the prefill kernel (the
+    // caches of the tests above, so lavapipe compiles nothing more).
+    for splits in [1, 2] {
+        let seg = segmented(spec("q4_sym", 128, 2, 2, 1, 400)).with_chunk_splits(splits);
+        check(seg.clone(), 95, &[64, 3, 1, 8]);
+        check(tiled(seg), 95, &[64, 3, 1, 8]);
+        check(
+            spec("none", 64, 8, 2, 3, 300).with_chunk_splits(splits),
+            1,
+            &[8, 129],
+        );
+    }
+    // More than the decode's: the decode's.
+    check(spec("none", 64, 8, 2, 3, 300).with_chunk_splits(9), 1, &[8]);
+}
+
+#[test]
 fn a_chunk_of_4096_tokens_is_attended_in_slices() {
     // Slices of CHUNK_SLICE_TOKENS queries, one after another in one scratch: 16 of them, the
     // causal diagonal running through every one; then a chunk of 600 (2 slices and a part).

@@ -374,19 +374,25 @@ fn exact_tokens_in_chunks() {
     // (The prefill kernel with f32 products on four of them: q4_sym takes it with f16
     // products below, k_iso3 with f16 products in k_mean_in_chunks; each cache compiles its
     // own kernels, lavapipe's cost.)
-    let fast = [cases[0], cases[3], cases[4]].map(|c| (c, true, true));
+    let fast = [cases[0], cases[3], cases[4]].map(|c| (c, true, true, None));
     let tiled = |name: &str| !matches!(name, "q4_sym" | "k_iso3");
-    for ((name, n, seg, recent), prefill, fast) in cases
+    // A chunk of fewer splits than the decode's (its partials packed by its own count, the
+    // exact workgroup after them) across segments, by both kernels: the same kernels as
+    // above, so lavapipe compiles nothing more.
+    let fewer = [false, true].map(|prefill| (cases[3], prefill, false, Some(1)));
+    for ((name, n, seg, recent), prefill, fast, chunk_splits) in cases
         .into_iter()
-        .flat_map(|c| [(c, false, false), (c, true, false)])
-        .filter(|&(c, prefill, _)| !prefill || tiled(c.0))
+        .flat_map(|c| [(c, false, false, None), (c, true, false, None)])
+        .filter(|&(c, prefill, _, _)| !prefill || tiled(c.0))
         .chain(fast)
+        .chain(fewer)
     {
         let mut spec = CacheSpec::new(1, 8, 2, 64, 200)
             .with_codecs(KvCodecs::parse(name).unwrap())
             .with_splits(2)
             .with_exact(2, recent);
         spec.segment_tokens = seg;
+        spec.chunk_splits = chunk_splits;
         if prefill {
             spec = spec.with_prefill_from(1);
         }
@@ -420,7 +426,8 @@ fn exact_tokens_in_chunks() {
         }
         assert!(
             worst <= if fast { FAST_TOL } else { TOL },
-            "{name} n={n} (prefill kernel: {prefill}, f16: {fast}): rel err {worst:e}"
+            "{name} n={n} (prefill kernel: {prefill}, f16: {fast}, chunk splits \
+             {chunk_splits:?}): rel err {worst:e}"
         );
     }
 }

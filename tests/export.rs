@@ -418,7 +418,7 @@ fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
 }
 
 /// The grid a manifest's `grid` terms give for a plan's `grid_shape` and one dispatch's
-/// `wide_groups`, `queries`, `query_groups` and `row_tiles`: the manifest read as a host would read it, not kvq's own
+/// `wide_groups`, `queries`, `query_groups`, `row_tiles` and `splits`: the manifest read as a host would read it, not kvq's own
 /// rule code.
 fn grid_from_manifest(
     terms: &serde_json::Value,
@@ -440,7 +440,7 @@ fn grid_from_manifest(
             "batch" => v("batch"),
             "q_heads" => v("q_heads"),
             "kv_heads * batch" => v("kv_heads") * v("batch"),
-            "splits + 1 + exact" => v("splits") + 1 + v("exact"),
+            "splits + 1 + exact" => per_dispatch("splits") + 1 + v("exact"),
             "wide_groups" => per_dispatch("wide_groups"),
             "queries" => per_dispatch("queries"),
             "query_groups" => per_dispatch("query_groups"),

@@ -99,14 +99,14 @@ function compare(check, got) {
 }
 
 // One grid term of the manifest (an entry point's `grid`), over the plan's grid_shape and a
-// dispatch's wide_groups, queries, query_groups and row_tiles.
+// dispatch's wide_groups, queries, query_groups, row_tiles and splits (a chunk slice's own).
 function termValue(term, shape, d) {
   switch (term) {
     case '1': return 1;
     case 'batch': return shape.batch;
     case 'q_heads': return shape.q_heads;
     case 'kv_heads * batch': return shape.kv_heads * shape.batch;
-    case 'splits + 1 + exact': return shape.splits + 1 + shape.exact;
+    case 'splits + 1 + exact': return d.splits + 1 + shape.exact;
     case 'wide_groups': return d.wide_groups;
     case 'queries': return d.queries;
     case 'query_groups': return d.query_groups;

@@ -8,7 +8,7 @@ use crate::codec_list::split_codecs;
 pub const USAGE: &str =
     "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks] [--kernel-times]
-             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--precision auto|exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--chunk-splits N] [--precision auto|exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
 
 /// How the host waits for a step's commands to finish.
@@ -68,6 +68,9 @@ pub struct Args {
     /// `--prefill-from N`: chunk slices of at least N new tokens per sequence take the
     /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning.
     pub prefill_from: Option<u32>,
+    /// `--chunk-splits N`: a chunk slice's splits per storage segment
+    /// (`CacheSpec::with_chunk_splits`); None: the adapter's tuning, by the slice's size.
+    pub chunk_splits: Option<u32>,
     /// `--precision auto|exact|fast`: the caches' products (`CacheSpec::with_precision`;
     /// default `auto`, the library's).
     pub precision: kvq::Precision,
@@ -113,6 +116,7 @@ impl Default for Args {
             mem_budget: None,
             exact: kvq::ExactTokens::NONE,
             prefill_from: None,
+            chunk_splits: None,
             precision: kvq::Precision::Auto,
         }
     }
@@ -158,7 +162,7 @@ pub fn parse_args() -> Result<Args, String> {
 }
 
 /// The flags that take a value, which [`set_valued`] sets.
-const VALUED: [&str; 19] = [
+const VALUED: [&str; 20] = [
     "--model",
     "--ctx",
     "--codecs",
@@ -168,6 +172,7 @@ const VALUED: [&str; 19] = [
     "--busy",
     "--splits",
     "--prefill-from",
+    "--chunk-splits",
     "--precision",
     "--batch",
     "--queries",
@@ -208,6 +213,7 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         "--busy" => a.busy_ms = Some(num(&val)?),
         "--splits" => a.splits = Some(num(&val)?),
         "--prefill-from" => a.prefill_from = Some(num(&val)?.max(1)),
+        "--chunk-splits" => a.chunk_splits = Some(num(&val)?),
         "--precision" => a.precision = val.parse().map_err(|e| format!("--precision: {e}"))?,
         "--batch" => {
             a.batch = num(&val)?;

@@ -261,6 +261,7 @@ impl PointRun<'_> {
         spec.splits = args.splits;
         spec.workgroup = args.wg;
         spec.prefill_from = args.prefill_from;
+        spec.chunk_splits = args.chunk_splits;
         spec.precision = args.precision;
         self.status("allocating");
         let mut cache = KvCache::new(self.ctx, spec).map_err(|e| Skip::Skipped(e.to_string()))?;

@@ -82,6 +82,8 @@ pub(super) struct ChunkSlice {
     /// Where the prefill kernel attends the slice: its workgroups per KV head and split
     /// (`ceil(count * gqa / prefill_rows)`).
     pub(super) row_tiles: Option<u32>,
+    /// Splits per storage segment ([`crate::CacheSpec::chunk_splits`]).
+    pub(super) splits: u32,
     /// With recent exact tokens: the slice's own append, recorded just before it is
     /// attended (else the chunk's append goes first, whole).
     pub(super) append: Option<AppendInput>,

@@ -276,7 +276,26 @@ impl KvCache {
             let count = slice.min(n - first);
             // Tokens of the chunk appended when the slice is attended.
             let appended = if interleaved { first + count } else { n };
-            let words = [n, first, count, lse.is_some() as u32, appended, 0, 0, 0];
+            let query_groups = count.div_ceil(cq);
+            let row_tiles = prefill
+                .filter(|&(_, from)| count >= from)
+                .map(|(rows, _)| (count * s.gqa()).div_ceil(rows));
+            let groups = row_tiles.unwrap_or(query_groups);
+            let tiled = row_tiles.is_some();
+            let splits = self
+                .ctx
+                .tuning()
+                .chunk_splits(s, groups, tiled, self.layout.splits);
+            let words = [
+                n,
+                first,
+                count,
+                lse.is_some() as u32,
+                appended,
+                splits,
+                0,
+                0,
+            ];
             let params = self.uniform("kvq chunk slice", words)?;
             let bufs = [q, out, &params, lse_buf];
             let append = if interleaved {
@@ -287,10 +306,9 @@ impl KvCache {
             slices.push(ChunkSlice {
                 io: self.bind("kvq chunk io", &self.pipes.chunk_io, &bufs)?,
                 count,
-                query_groups: count.div_ceil(cq),
-                row_tiles: prefill
-                    .filter(|&(_, from)| count >= from)
-                    .map(|(rows, _)| (count * s.gqa()).div_ceil(rows)),
+                query_groups,
+                row_tiles,
+                splits,
                 append,
             });
         }

@@ -172,6 +172,7 @@ impl KvCache {
                 queries: slice.count,
                 query_groups: slice.query_groups,
                 row_tiles: slice.row_tiles.unwrap_or(1),
+                splits: slice.splits,
                 ..self.grid_shape()
             };
             let stores = &io.store[layer as usize];

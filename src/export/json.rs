@@ -187,7 +187,7 @@ impl ReplayPlan {
                 "{{\"label\":{},\"dispatches\":{}}}",
                 json_str(&p.label),
                 json_arr(&p.dispatches, |d| format!(
-                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{},\"queries\":{},\"query_groups\":{},\"row_tiles\":{}}}",
+                    "{{\"pipeline\":{},\"bind_groups\":[{},{}],\"workgroups\":[{},{},{}],\"wide_groups\":{},\"queries\":{},\"query_groups\":{},\"row_tiles\":{},\"splits\":{}}}",
                     d.pipeline,
                     d.bind_groups[0],
                     d.bind_groups[1],
@@ -197,7 +197,8 @@ impl ReplayPlan {
                     d.wide_groups,
                     d.queries,
                     d.query_groups,
-                    d.row_tiles
+                    d.row_tiles,
+                    d.splits
                 ))
             ))
         );

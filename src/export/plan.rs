@@ -58,6 +58,9 @@ pub struct PlanDispatch {
     pub query_groups: u32,
     /// [`GridShape::row_tiles`] of the call (1 but for a prefill slice).
     pub row_tiles: u32,
+    /// [`GridShape::splits`] of the call: the plan's, but for a chunk slice its own
+    /// ([`crate::CacheSpec::chunk_splits`]; 0 for a dispatch no rule recorded).
+    pub splits: u32,
 }
 
 /// A compute pass of a [`ReplayPlan`] (one per kvq call: an append, an attend, a step).

@@ -167,6 +167,7 @@ impl PlanRecorder {
             queries: 1,
             query_groups: 1,
             row_tiles: 1,
+            splits: 0,
         });
         Ok(())
     }
@@ -198,6 +199,7 @@ impl Recorder for PlanRecorder {
             d.queries = shape.queries;
             d.query_groups = shape.query_groups;
             d.row_tiles = shape.row_tiles;
+            d.splits = shape.splits;
         }
     }
 }

@@ -31,20 +31,47 @@
 // sequence (a long chunk is attended slice by slice, each in the scratch of `count` queries),
 // of which `appended` are in the store (n, or first + count where each slice is appended just
 // before it is attended: with recent exact tokens). `lse`: 1 where the io asks for each
-// output row's log-sum-exp of its scaled scores.
+// output row's log-sum-exp of its scaled scores. `splits`: the slice's splits per storage
+// segment, 1 ..= NSPLIT (a slice with many query groups has parallelism enough in them, and
+// fewer splits write and merge fewer partials: the cache picks it per slice).
 struct ChunkSlice {
     n: u32,
     first: u32,
     count: u32,
     lse: u32,
     appended: u32,
-    _pad0: u32,
+    splits: u32,
     _pad1: u32,
     _pad2: u32,
 }
 @group(1) @binding(2) var<uniform> chunk: ChunkSlice;
 // [B, nq, QH] log-sum-exps (a 16-byte stand-in where the io asks for none).
 @group(1) @binding(3) var<storage, read_write> lse_out: array<f32>;
+
+// Splits per storage segment of this dispatch (the decode's NSPLIT, or the slice's).
+fn nsplit() -> u32 {
+    return chunk.splits;
+}
+// Partial slot of this segment's split s: a slice's partials are packed by its own split count,
+// segment after segment (the exact tokens' slot stays SPLITS_TOTAL), so the reduce reads
+// only slots that were written.
+fn split_slot(s: u32) -> u32 {
+    return seg.split_base / (NSPLIT + 1u) * (chunk.splits + 1u) + s;
+}
+// Split slots written (the exact tokens' aside).
+fn split_slots() -> u32 {
+    return SPLITS_TOTAL / (NSPLIT + 1u) * (chunk.splits + 1u);
+}
+#else
+fn nsplit() -> u32 {
+    return NSPLIT;
+}
+fn split_slot(s: u32) -> u32 {
+    return seg.split_base + s;
+}
+fn split_slots() -> u32 {
+    return SPLITS_TOTAL;
+}
 #endif
 
 // V columns: each thread owns VW consecutive values of a row (4, or 8 for a rotated V codec,
@@ -197,7 +224,7 @@ fn write_partial(g: u32, pi: u32, ml: u32, c: u32, acc: vec4<f32>, acc2: vec4<f3
 }
 
 #if EXACT
-// The exact tokens' partial (CacheSpec::exact): the first segment's workgroup NSPLIT + 1 of
+// The exact tokens' partial (CacheSpec::exact): the first segment's workgroup nsplit() + 1 of
 // each row attends each sequence's sink and ring rows, f16 in the caller's domain, and writes
 // their (max, sum, output) to the last partial slot, which the reduce adds after un-rotating
 // the splits'.
@@ -397,7 +424,7 @@ fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
 }
 #endif
 
-// Dispatch (KVH * B, NSPLIT + 1, 1) per segment, or (KVH * B, NSPLIT + 1, ceil(count / CQ)) for
+// Dispatch (KVH * B, NSPLIT + 1, 1) per segment, or (KVH * B, chunk.splits + 1, ceil(count / CQ)) for
 // a chunk's slice: the workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
 // and a short tail of the stored ones) come first in dispatch order, so they start first. A
 // chunk's nq new tokens per sequence are all appended already; z serves the slice's queries
@@ -472,7 +499,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 #endif
     // The window is the last WIN positions up to and including the new tokens (all of them
     // unless the cache is a sliding window): of the first row's query, the workgroup's first
-    // (positions before `first`; row i's end `first + i / G`). Splits 1..=NSPLIT share its stored positions in
+    // (positions before `first`; row i's end `first + i / G`). Splits 1..=nsplit() share its stored positions in
     // this segment; split 0 takes the tokens a fused step appends (kernels/step.wgsl; none for a
     // plain attend): it encodes their rows and attends them, so encoding runs beside the
     // other splits, not before them, and it may take a short tail of the stored tokens too
@@ -480,9 +507,9 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let total = len + step_tokens(len);
     let first = total - (nz - 1u);
 #if EXACT
-    // The last workgroup of a row (split NSPLIT + 1) attends the exact tokens, beside the
+    // The last workgroup of a row (split nsplit() + 1) attends the exact tokens, beside the
     // splits rather than after one of them; only the first segment's holds them.
-    if s == NSPLIT + 1u {
+    if s == nsplit() + 1u {
         if seg.split_base == 0u {
             write_exact_rows(lid, b, h, len);
             storageBarrier();
@@ -508,11 +535,12 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // Whole tiles per split where the stored tokens split that way but for a tail that split
     // 0 takes beside its new tokens (together at most a tile): a split's pass over a last tile
     // of a few tokens costs nearly a full tile's round trips, and just past a multiple of
-    // NSPLIT * WG stored tokens every split had one. Where this segment holds new tokens,
+    // nsplit() * WG stored tokens every split had one. Where this segment holds new tokens,
     // the tail must be the positions just before them (all in this segment), so that split
     // 0's tokens are one range of positions.
-    let full = stored / (NSPLIT * WG) * WG;
-    let tail = stored - NSPLIT * full;
+    let ns = nsplit();
+    let full = stored / (ns * WG) * WG;
+    let tail = stored - ns * full;
     let tail_runs = seg_runs(slen - min(slen, tail), slen, seg);
     let tail_here = fresh == 0u || tail_runs.y + tail_runs.z == tail;
     let cut = select(0u, tail, full > 0u && tail + fresh <= WG && tail_here);
@@ -520,7 +548,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     var start = 0u;
     var end = 0u;
     if s > 0u {
-        let per = select(max((stored + NSPLIT - 1u) / NSPLIT, MIN_CHUNK), full, cut > 0u);
+        let per = select(max((stored + ns - 1u) / ns, MIN_CHUNK), full, cut > 0u);
         start = min((s - 1u) * per, stored - cut);
         end = min(start + per, stored - cut);
     } else {
@@ -683,7 +711,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             acc$g += {{lanes}}[($g * VC + c) * (VW / 4u)];
             if VW == 8u { acc2$g += {{lanes}}[($g * VC + c) * 2u + 1u]; }
         }
-        let pi = (pb * QH + h * G) * PSLOTS + seg.split_base + s;
+        let pi = (pb * QH + h * G) * PSLOTS + split_slot(s);
         if $gu / G < nz { write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g); }
     }
 }
@@ -744,10 +772,11 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     var m = NEG;
     var l = 0.0;
     var o = vec4<f32>(0.0);
+    let slots = split_slots();
     if r < RL {
-        for (var s = r; s < SPLITS_TOTAL; s += RP * RL) {
+        for (var s = r; s < slots; s += RP * RL) {
             // Slot p: split s + p RL, or (past the last split) the last split at weight 0.
-            let s$p = min(s + $p * RL, SPLITS_TOTAL - 1u);
+            let s$p = min(s + $p * RL, slots - 1u);
             let ml$p = part[part_ml + base + s$p];
             let a$p = part[(base + s$p) * PV4 + c];
             // Expanded lines run one after another: take the pass max, rescale once, then add.
@@ -756,7 +785,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             let f = exp(m - mb);
             o *= f;
             l *= f;
-            let w$p = select(0.0, exp(ml$p.x - mb), s + $p * RL < SPLITS_TOTAL);
+            let w$p = select(0.0, exp(ml$p.x - mb), s + $p * RL < slots);
             o += a$p * w$p;
             l += ml$p.y * w$p;
             m = mb;

@@ -192,11 +192,11 @@ fn prefill_v_store(x: u32, v: array<pf4, 2>, xw: bool) {
     }
 }
 
-// Dispatch (KVH * B, NSPLIT + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
+// Dispatch (KVH * B, chunk.splits + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
 // the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
 // positions the tile's rows attend in this segment (whole 64-key tiles), each row masked to
 // its own causal end and window; with exact tokens, the codes up to each row's ring start,
-// and the first segment's workgroup NSPLIT + 1 the exact rows (f16, in the caller's domain,
+// and the first segment's workgroup chunk.splits + 1 the exact rows (f16, in the caller's domain,
 // into the exact slot, as exact_partial).
 @compute @workgroup_size(PWG)
 fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -208,7 +208,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let tr = lid / PTK;
     let tk = lid % PTK;
     // The exact workgroup (uniform): only the first segment's attends.
-    let xw = EXACT && s == NSPLIT + 1u;
+    let xw = EXACT && s == nsplit() + 1u;
     if xw && seg.split_base != 0u {
         return;
     }
@@ -264,7 +264,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 #endif
     let runs = seg_runs(lo, hi, seg);
     let stored = runs.y + runs.z;
-    let per = ((stored + NSPLIT) / (NSPLIT + 1u) + PBC - 1u) / PBC * PBC;
+    let per = ((stored + nsplit()) / (nsplit() + 1u) + PBC - 1u) / PBC * PBC;
     var start = min(s * per, stored);
     var end = min(start + per, stored);
 #if EXACT
@@ -377,7 +377,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let part_ml = chunk.count * PART_ML;
     let ri$i = rb + tr * PRB + $iu;
     // (The exact rows' slot is the last, SPLITS_TOTAL; their outputs are D wide.)
-    let slot = select(seg.split_base + s, SPLITS_TOTAL, xw);
+    let slot = select(split_slot(s), SPLITS_TOTAL, xw);
     let at$i = prefill_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + slot;
     if ri$i < rows && tk + $uu * PTK < vw4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
     if ri$i < rows && tk == 0u { part[part_ml + at$i] = vec4<f32>(m$i, lt[$iu], 0.0, 0.0); }

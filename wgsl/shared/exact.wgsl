@@ -1,7 +1,7 @@
 // Exact tokens (CacheSpec::exact): each sequence's first SINK positions and its newest XRING
 // (RECENT, and a chunk slice's more: a chunk's queries each see the RECENT up to their own),
 // kept as f16 in the caller's domain beside the store (which still encodes every token), and
-// attended by the first segment's exact workgroup (split NSPLIT + 1) in place of their
+// attended by the first segment's exact workgroup (split nsplit() + 1) in place of their
 // codes. Only the first segment's dispatches touch them.
 //
 // They live after the V rows of the first segment's V buffer (a binding of their own would
