@@ -199,7 +199,8 @@ pub struct CacheSpec {
     /// the decode's ([`CacheSpec::splits`]; a larger value takes those); `None` picks per
     /// slice from the adapter's [`crate::tuning`] entry by its workgroups per split (a long
     /// slice has parallelism enough in its queries, and fewer splits write and merge fewer
-    /// partials). Attention is the same either way; this only changes its speed.
+    /// partials). Attention is the same up to rounding (the partials merge in another order); this only
+    /// changes its speed.
     pub chunk_splits: Option<u32>,
     /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
     /// Capacities above it are split into several buffers per layer.

@@ -155,18 +155,19 @@ impl ChunkSplitRule {
 }
 
 /// Chunk splits as measured on an H100 SXM (BENCHMARKS.md, "A chunk's split count"; qwen3-8b
-/// over 32k, 64 decode splits, chunks of 4 to 512 tokens): one decode grid for the split
-/// kernel (32 splits at 4 new tokens, 16 at 8, 8 at 16, 4 from 64 on: `none` and `q4_sym`
-/// within 2.5 % of the best count at each n, 0.70–0.93× the time with 64); two where V is
-/// rotated (`turbo3_sym` at 4 new tokens: 64 splits 6.4 ms, 32 7.3, 16 6.7, and one grid made
-/// its chunks of 4 and 8 1.15× slower); two for the prefill kernel (16 at 64 tokens, 4 at
-/// 512; 8 at 64 tokens, a grid just past two waves of its larger workgroups, took 1.21× the
-/// time of 16); at least 4. Unmeasured adapters take it too: it follows the decode's split
-/// count, which is their own one-wave estimate.
+/// over 32k, 64 decode splits, chunks of 4 to 512 tokens, three calls): one decode grid for
+/// the split kernel (32 splits at 4 new tokens, 16 at 8, 8 at 16, 4 from 64 on: `none` and
+/// `q4_sym` within 2.5 % of the best count at each n, 0.70–0.93× the time with 64); two where
+/// V is rotated (64, 32 and 16 splits at 4, 8 and 16 tokens: `turbo3_sym`, `iso3_sym`,
+/// `rotor3_sym` within 2.6 % of the best, where one grid's 32 splits at 4 tokens took 1.14×
+/// the time of 64); four for the prefill kernel (32 splits at 64 tokens, 8 at 512: within
+/// 1.4 % of the best for `q4_sym`, and at 64 tokens the best for a rotated V, whose 16 took
+/// 1.08×); at least 4. Unmeasured adapters take it too: it follows the decode's split count,
+/// which is their own one-wave estimate.
 pub const CHUNK_SPLITS: ChunkSplitRule = ChunkSplitRule {
     split_waves: 1,
     rotated_v_waves: 2,
-    prefill_waves: 2,
+    prefill_waves: 4,
     min: 4,
 };
 
@@ -247,8 +248,9 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
     chunk_splits: CHUNK_SPLITS,
 };
 
-/// NVIDIA H200 (132 multiprocessors), where every default was measured (BENCHMARKS.md, "Split
-/// count: one wave of resident workgroups").
+/// NVIDIA H200 (132 multiprocessors), where every decode default was measured (BENCHMARKS.md,
+/// "Split count: one wave of resident workgroups"); a chunk's split count
+/// ([`CHUNK_SPLITS`]) was measured on its sibling, the H100 SXM.
 ///
 /// Splits per KV head: the largest split grid that fits in one wave of resident workgroups, at
 /// most 64. On an H200 a second wave cost 30-50 % (qwen3-8b: 64 splits best, 48 with a QJL K
@@ -259,8 +261,10 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
 /// Chunks: slices of 64 or more new tokens per sequence take the prefill kernel where its
 /// products are f16 ([`crate::Precision::Fast`]): qwen3-8b over 32k, 0.84–0.97× the split
 /// kernel's GPU time at 64 tokens and 0.78–0.90× at 512 (`none`, `q4_sym`, `turbo3_sym`,
-/// `k_iso3`; BENCHMARKS.md, "Chunks"); with f32 products it is 2× slower, and fewer tokens
-/// were not measured.
+/// `k_iso3`; BENCHMARKS.md, "Chunks"), both kernels with the decode's split count; with f32
+/// products it is 2× slower, and fewer tokens were not measured. With a chunk's own split
+/// count ([`CHUNK_SPLITS`]) the f16 prefill kernel stayed 7–8 % ahead of the split kernel's
+/// best count on an H100 SXM (`q4_sym`, `turbo3_sym` at 64 and 512 tokens, two calls).
 pub const H200: DeviceTuning = DeviceTuning {
     name: "NVIDIA H200",
     adapters: AdapterMatch::Named {
@@ -284,7 +288,8 @@ pub const H200: DeviceTuning = DeviceTuning {
 /// decode steps at 32k took 0.26–0.36× the time they took with 8 splits (about what
 /// [`UNMEASURED`]'s rule gives it), chunks of 4 new tokens 0.45–0.56× (`none`, `q4_sym`,
 /// `turbo3_sym`), and the f16 prefill kernel 0.81–0.82× the split kernel's time at 64 and
-/// 512 new tokens (`q4_sym`, `turbo3_sym`). (The PCIe H100, 114 multiprocessors, does not
+/// 512 new tokens (`q4_sym`, `turbo3_sym`), chunks taking the decode's split count then;
+/// [`CHUNK_SPLITS`] was measured here. (The PCIe H100, 114 multiprocessors, does not
 /// match: it keeps [`UNMEASURED`].)
 pub const H100_SXM: DeviceTuning = DeviceTuning {
     name: "NVIDIA H100 SXM",
@@ -452,7 +457,7 @@ mod tests {
         assert_eq!(split, [32, 16, 8, 4, 4]);
         // The prefill kernel 32 rows a tile: chunks of 64 and 512 (slices of 256).
         let tiled = [8, 32].map(|z| t.chunk_splits(&spec, z, true, decode));
-        assert_eq!(tiled, [16, 4]);
+        assert_eq!(tiled, [32, 8]);
         // Fewer decode splits bound it; a spec's own count wins, capped by the decode's.
         assert_eq!(t.chunk_splits(&spec, 128, false, 3), 3);
         let own = spec.clone().with_chunk_splits(9);

@@ -468,6 +468,8 @@ fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
         }
     }
     let mut checked = 0;
+    // Dispatches whose split count is a chunk slice's own, not the plan's.
+    let mut own_splits = 0;
     for sc in scenarios::scenarios() {
         let plan = export::replay_plan(common::ctx(), &sc, Target::Browser).expect("plan");
         let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
@@ -492,11 +494,17 @@ fn every_recorded_dispatch_follows_the_manifests_grid_rule() {
                     .collect();
                 assert_eq!(got, want, "{} {}: {entry}", sc.name, pass["label"]);
                 checked += 1;
+                let splits = d["splits"].as_u64().expect("dispatch.splits");
+                own_splits += (splits != shape["splits"].as_u64().unwrap()) as u32;
             }
         }
     }
     eprintln!("{checked} recorded dispatches follow the manifest's rules");
     assert!(checked > 0);
+    assert!(
+        own_splits > 0,
+        "no chunk slice took a split count of its own"
+    );
 }
 
 #[test]
