@@ -213,7 +213,12 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
         "--busy" => a.busy_ms = Some(num(&val)?),
         "--splits" => a.splits = Some(num(&val)?),
         "--prefill-from" => a.prefill_from = Some(num(&val)?.max(1)),
-        "--chunk-splits" => a.chunk_splits = Some(num(&val)?),
+        "--chunk-splits" => {
+            a.chunk_splits = Some(num(&val)?);
+            if a.chunk_splits == Some(0) {
+                return Err("--chunk-splits must be at least 1".into());
+            }
+        }
         "--precision" => a.precision = val.parse().map_err(|e| format!("--precision: {e}"))?,
         "--batch" => {
             a.batch = num(&val)?;
