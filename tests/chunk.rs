@@ -130,8 +130,8 @@ fn chunks_of_f16_and_int_codecs_match_the_reference() {
 fn chunks_of_fewer_splits_than_the_decode_match_the_reference() {
     // A chunk's slices take their own split count (CacheSpec::chunk_splits), their partials
     // packed by it segment after segment: 1 and 2 of the decode's 3, across storage segments
-    // and a prefix past the new split boundaries, by the split and the prefill kernel (the
-    // caches of the tests above, so lavapipe compiles nothing more).
+    // and a prefix past the new split boundaries, by the split and the prefill kernel, and over
+    // a sliding window (the caches of the tests above, so lavapipe compiles nothing more).
     for splits in [1, 2] {
         let seg = segmented(spec("q4_sym", 128, 2, 2, 1, 400)).with_chunk_splits(splits);
         check(seg.clone(), 95, &[64, 3, 1, 8]);
@@ -142,6 +142,12 @@ fn chunks_of_fewer_splits_than_the_decode_match_the_reference() {
             &[8, 129],
         );
     }
+    // A wrapped ring whose window starts inside the splits' ranges, by both kernels.
+    let ring = spec("none", 64, 4, 2, 2, 160)
+        .with_window(100)
+        .with_chunk_splits(1);
+    check(ring.clone(), 150, &[33, 61, 5]);
+    check(tiled(ring), 150, &[33, 61, 5]);
     // More than the decode's: the decode's.
     check(spec("none", 64, 8, 2, 3, 300).with_chunk_splits(9), 1, &[8]);
 }
