@@ -199,8 +199,8 @@ pub struct CacheSpec {
     /// the decode's ([`CacheSpec::splits`]; a larger value takes those); `None` picks per
     /// slice from the adapter's [`crate::tuning`] entry by its workgroups per split (a long
     /// slice has parallelism enough in its queries, and fewer splits write and merge fewer
-    /// partials). Attention is the same up to rounding (the partials merge in another order); this only
-    /// changes its speed.
+    /// partials). Attention is the same up to rounding (the partials merge in another
+    /// order); this only changes its speed.
     pub chunk_splits: Option<u32>,
     /// Most token positions one storage buffer holds; `None` fills a binding's size limit.
     /// Capacities above it are split into several buffers per layer.
@@ -395,15 +395,12 @@ impl CacheSpec {
         {
             return bad(format!("softmax scale {s} must be finite and positive"));
         }
-        if let Some(s) = self.splits
-            && !(1..=1024).contains(&s)
-        {
-            return bad(format!("splits {s} must be between 1 and 1024"));
-        }
-        if let Some(s) = self.chunk_splits
-            && !(1..=1024).contains(&s)
-        {
-            return bad(format!("chunk splits {s} must be between 1 and 1024"));
+        for (what, splits) in [("splits", self.splits), ("chunk splits", self.chunk_splits)] {
+            if let Some(s) = splits
+                && !(1..=1024).contains(&s)
+            {
+                return bad(format!("{what} {s} must be between 1 and 1024"));
+            }
         }
         // The kernels' shape rules (one copy, in kernels): head_dim, GQA ratio, workgroup.
         use crate::kernels::{ShapeRule, check_shape};
