@@ -31,7 +31,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision auto|exact|fast (default auto)] [--dump DIR]";
+[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision auto|exact|fast (default auto)] [--exact SINK,RECENT[,kmean]] [--dump DIR]";
 
 struct Args {
     model: String,
@@ -46,6 +46,9 @@ struct Args {
     /// The products' arithmetic (`--precision auto|exact|fast`, resolved per codec as a cache
     /// does; fast: the prefill kernel's f16).
     precision: kvq::Precision,
+    /// Tokens kept exact (`--exact SINK,RECENT[,kmean]`): their kernels take the exact
+    /// workgroup's path too.
+    exact: kvq::ExactTokens,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +61,7 @@ fn parse_args() -> Result<Args, String> {
         module: KernelModule::Step(InputType::F16),
         dump: None,
         precision: kvq::Precision::Auto,
+        exact: kvq::ExactTokens::NONE,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -74,6 +78,22 @@ fn parse_args() -> Result<Args, String> {
                 a.precision = value()?
                     .parse()
                     .map_err(|e| format!("--precision: {e}\n{USAGE}"))?
+            }
+            "--exact" => {
+                let v = value()?;
+                let bad = || format!("--exact {v}: SINK,RECENT or SINK,RECENT,kmean\n{USAGE}");
+                let parts: Vec<&str> = v.split(',').collect();
+                let (s, r, k_mean) = match parts[..] {
+                    [s, r] => (s, r, false),
+                    [s, r, "kmean"] => (s, r, true),
+                    _ => return Err(bad()),
+                };
+                let n = |x: &str| x.parse::<u32>().map_err(|_| bad());
+                a.exact = kvq::ExactTokens {
+                    sink: n(s)?,
+                    recent: n(r)?,
+                    k_mean,
+                };
             }
             "--module" => {
                 a.module = match value()?.as_str() {
@@ -342,14 +362,17 @@ fn run() -> Result<(), Error> {
     let half = codecs.iter().any(|&(_, _, p)| p == kvq::Precision::Fast);
     let vk = Vulkan::new(half)?;
     println!(
-        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {})",
+        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {}, exact {}+{}{})",
         vk.name,
         args.model,
         args.ctx,
         args.splits,
         args.workgroup,
         args.module.name(),
-        args.precision.name()
+        args.precision.name(),
+        args.exact.sink,
+        args.exact.recent,
+        if args.exact.k_mean { " kmean" } else { "" }
     );
     for (name, c, precision) in codecs {
         let cfg = KernelConfig {
@@ -367,7 +390,7 @@ fn run() -> Result<(), Error> {
             workgroup: args.workgroup,
             k: c.k,
             v: c.v,
-            exact: Default::default(),
+            exact: args.exact,
             precision,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
