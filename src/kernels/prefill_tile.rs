@@ -54,7 +54,7 @@ pub(crate) const PREFILL_KV_BYTES: u32 = 4096;
 pub(crate) const PREFILL_KV_BYTES_F16: u32 = 8192;
 
 /// Products an f16 sum takes at most before it is added into f32: 8 K columns (32
-/// coordinates, summed in pairs) and 16 V rows.
+/// coordinates, in two f16 lanes of 16) and 16 V rows.
 pub(crate) const PREFILL_F16_SUM: u32 = 16;
 
 impl KernelConfig {
@@ -192,8 +192,8 @@ mod tests {
                     "{codecs} d={d}"
                 );
                 if precision == Precision::Fast {
-                    // An f16 sum takes at most 16 products: half a K pass's 32 coordinates
-                    // (pairs summed), 16 V rows.
+                    // An f16 sum takes at most 16 products: 32 coordinates of K in two
+                    // lanes, 16 V rows.
                     assert!(t.value_keys <= PREFILL_F16_SUM, "{codecs} d={d}");
                 }
                 match c.prefill_rows() {

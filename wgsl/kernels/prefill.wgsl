@@ -23,8 +23,8 @@
 #unroll $m PLV
 
 // The tiles' element type: f32, or with PH (the cache's fast precision on an adapter with
-// shader-f16) f16 operands whose products are summed in f16, at most 16 to a sum (half a K
-// pass's 32 coordinates; 16 V rows), and then added into the f32 scores and outputs; the
+// shader-f16) f16 operands whose products are summed in f16, at most 16 to a sum (32 of a
+// K pass's coordinates in two lanes; 16 V rows), and then added into the f32 scores and outputs; the
 // softmax, its maxima and sums stay f32.
 #if PH
 alias pf = f16;
@@ -33,12 +33,31 @@ alias pf = f32;
 #endif
 alias pf4 = vec4<pf>;
 
-// A K pass's partial products (vec4 lanes of pf) summed into f32: with f16, pairs in f16
-// first (16 products a sum), then two conversions.
-fn psum(h: pf4) -> f32 {
-    let p = h.xy + h.zw;
-    return f32(p.x) + f32(p.y);
+// A score's partial sum over a K pass's columns, and its products of one vec4 column: with
+// f16, two lanes of f16 (each takes two products a column, at most 16 to a sum) then two
+// conversions into f32; with f32, one scalar. Either way the accumulator takes the fewest
+// registers (a vec4 of them held 32 more with f16, 48 more with f32) for the same multiply-adds.
+#if PH
+alias pacc = vec2<f16>;
+
+fn pfma(q: pf4, k: pf4, h: pacc) -> pacc {
+    return fma(q.zw, k.zw, fma(q.xy, k.xy, h));
 }
+
+fn psum(h: pacc) -> f32 {
+    return f32(h.x) + f32(h.y);
+}
+#else
+alias pacc = f32;
+
+fn pfma(q: pf4, k: pf4, h: pacc) -> pacc {
+    return fma(q.w, k.w, fma(q.z, k.z, fma(q.y, k.y, fma(q.x, k.x, h))));
+}
+
+fn psum(h: pacc) -> f32 {
+    return h;
+}
+#endif
 
 // Invocations: PTR row groups of PTK lanes; each lane scores PKT keys of a tile.
 const PWG: u32 = PTR * PTK;
@@ -46,8 +65,8 @@ const PBC: u32 = PTK * PKT;
 // vec4s of a query row, and vec4 columns of K decoded per pass of the K/V tile.
 const PQW4: u32 = PQW / 4u;
 const PKC: u32 = PKV / (4u * PBC);
-// K columns summed before the sum goes into f32: with f16, PF16_SUM / 2 (each vec4 lane takes
-// a product a column, and psum adds the lanes in pairs); with f32, a whole pass.
+// K columns summed before the sum goes into f32: with f16, PF16_SUM / 2 (each of the
+// accumulator's two lanes takes two products a column); with f32, a whole pass.
 #if PH
 const PKS: u32 = PF16_SUM / 2u;
 #else
@@ -227,6 +246,10 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     v_load_levels(lid);
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
+#if EXACT
+        // (Loaded beside the length: one round trip for both.)
+        xlo_sh = x_at(b);
+#endif
     }
     // (Its barrier also publishes the query tile and the level tables.)
     let len = workgroupUniformLoad(&len_sh);
@@ -238,9 +261,6 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     // This invocation's rows (of its row group) and their causal ends.
     let e$i = base + (rb + tr * PRB + $iu) / G + 1u;
 #if EXACT
-    if lid == 0u {
-        xlo_sh = x_at(b);
-    }
     let xlo = workgroupUniformLoad(&xlo_sh);
 #if KMEAN
     // The codes hold K less its mean: the exact rows are scored less it too.
@@ -294,11 +314,11 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 kn$l = prefill_k(lid + $lu * PWG, cc + PKC, src);
             }
             for (var c0 = 0u; c0 < PKC; c0 += PKS) {
-                var h$i$j = pf4(0.0);
+                var h$i$j = pacc(0.0);
                 for (var c = c0; c < c0 + PKS; c++) {
                     let q$i = pq_sh[(tr * PRB + $iu) * PQW4 + cc + c];
                     let k$j = pkv_sh[c * PBC + tk + $ju * PTK];
-                    h$i$j = fma(q$i, k$j, h$i$j);
+                    h$i$j = pfma(q$i, k$j, h$i$j);
                 }
                 s$i$j += psum(h$i$j);
             }
