@@ -246,11 +246,26 @@ fn x_pos(u: u32, ns: u32, rl: u32) -> u32 {
     return select(rl + u - ns, u, u < ns);
 }
 
-// Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = XV) row.
-fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
+// Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = XV) row, as their two words of f16
+// pairs (x_words) or as values.
+fn x_words(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec2<u32> {
     let r = x_row(b, h, p) + v + 2u * c;
-    return vec4<f32>(unpack2x16float(x_at(r)), unpack2x16float(x_at(r + 1u)));
+    return vec2<u32>(x_at(r), x_at(r + 1u));
 }
+
+fn x_unpack(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
+    return x_unpack(x_words(b, h, p, v, c));
+}
+
+// The exact workgroup's loads in flight at once: word pairs of a K row an invocation loads
+// before their math (the whole row up to D = 128: one round trip to memory), and V rows of
+// a lane loaded before the softmax's barriers.
+const XKB: u32 = min(XC, 32u);
+const XVB: u32 = 8u;
 
 #if KMEAN
 // K's mean (shared/exact.wgsl), which the exact rows' scores subtract as the codes hold it.
@@ -278,18 +293,6 @@ fn x_load_mean(lid: u32, b: u32, h: u32, len: u32, lc: u32) {
 // attended (`len` of them stored before this dispatch), the committed length is `lc`, row g's
 // causal end is first + g / G in a chunk.
 fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, len: u32, total: u32, first: u32, lc: u32, xlo: u32) {
-#if KMEAN
-    // The codes hold K less its mean: the exact rows are scored less it too.
-    x_load_mean(lid, b, h, len, lc);
-#endif
-    if K_ROTATED {
-        for (var i = lid; i < GR * XC; i += WG) {
-            let r = i / XC;
-            let k = 4u * (i % XC);
-            rot_sh[r * (RW / 4u) + i % XC] = vec4<f32>(query_coord(qb, h, nz, r, k), query_coord(qb, h, nz, r, k + 1u), query_coord(qb, h, nz, r, k + 2u), query_coord(qb, h, nz, r, k + 3u));
-        }
-        workgroupBarrier();
-    }
     // The sink's ns positions, then the ring's from rl: from the first row's ring start (each
     // row sees the RECENT positions up to its own; a chunk's slice was appended just before
     // it is attended, so the ring holds them all).
@@ -303,26 +306,58 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
     var acc$g = vec4<f32>(0.0);
     for (var t0 = 0u; t0 < ne; t0 += WG) {
         let tn = min(WG, ne - t0);
-        // The previous tile's V loop (or the split) has read the shared arrays.
-        workgroupBarrier();
         let e = t0 + lid;
         let pos = x_pos(e, ns, rl);
+        let r = x_row(b, h, pos);
+        // Row e's first XKB word pairs of K, loaded before the barrier and the first tile's
+        // query and mean loads, so that those round trips overlap (each was a wait of its own,
+        // and the exact workgroup outlasted a short step's splits).
+        var w: array<vec2<u32>, XKB>;
+        if lid < tn {
+            for (var u = 0u; u < XKB; u++) {
+                w[u] = vec2<u32>(x_at(r + 2u * u), x_at(r + 2u * u + 1u));
+            }
+        }
+        if t0 == 0u {
+#if KMEAN
+            // The codes hold K less its mean: the exact rows are scored less it too.
+            x_load_mean(lid, b, h, len, lc);
+#endif
+            if K_ROTATED {
+                for (var i = lid; i < GR * XC; i += WG) {
+                    let r = i / XC;
+                    let k = 4u * (i % XC);
+                    rot_sh[r * (RW / 4u) + i % XC] = vec4<f32>(query_coord(qb, h, nz, r, k), query_coord(qb, h, nz, r, k + 1u), query_coord(qb, h, nz, r, k + 2u), query_coord(qb, h, nz, r, k + 3u));
+                }
+            }
+        }
+        // The previous tile's V loop (or the split) has read the shared arrays; the first
+        // tile's queries and mean are written.
+        workgroupBarrier();
         sc$g = 0.0;
         if lid < tn {
-            // 8 pairs of words loaded before their math (a load then its use, 32 times, waited
-            // on memory 32 times: the exact workgroup then outlasted the splits at 4k).
-            let r = x_row(b, h, pos);
-            for (var k0 = 0u; k0 < XC; k0 += 8u) {
-                var w: array<vec2<u32>, 8>;
-                for (var u = 0u; u < 8u; u++) {
-                    w[u] = vec2<u32>(x_at(r + 2u * (k0 + u)), x_at(r + 2u * (k0 + u) + 1u));
+            for (var k0 = 0u; k0 < XC; k0 += XKB) {
+                if k0 > 0u {
+                    for (var u = 0u; u < XKB; u++) {
+                        w[u] = vec2<u32>(x_at(r + 2u * (k0 + u)), x_at(r + 2u * (k0 + u) + 1u));
+                    }
                 }
-                for (var u = 0u; u < 8u; u++) {
-                    var x = vec4<f32>(unpack2x16float(w[u].x), unpack2x16float(w[u].y));
+                for (var u = 0u; u < XKB; u++) {
+                    var x = x_unpack(w[u]);
 #if KMEAN
                     x -= xmu_sh[k0 + u];
 #endif
                     sc$g += dot(xq($gu, k0 + u), x);
+                }
+            }
+        }
+        // This lane's first XVB V rows, in flight during the softmax's barriers.
+        var vp: array<vec2<u32>, XVB>;
+        if j < XJ {
+            for (var u = 0u; u < XVB; u++) {
+                let i = j + u * XJ;
+                if i < tn {
+                    vp[u] = x_words(b, h, x_pos(t0 + i, ns, rl), XV, c);
                 }
             }
         }
@@ -351,8 +386,14 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
         workgroupBarrier();
         if j < XJ {
             acc$g *= alpha$g;
-            // 4 rows' values loaded before their math, then one at a time.
-            var i = j;
+            for (var u = 0u; u < XVB; u++) {
+                let i = j + u * XJ;
+                if i < tn {
+                    acc$g += {{weights}}[i * GP + $g / 4u][$g % 4u] * x_unpack(vp[u]);
+                }
+            }
+            // The rest: 4 rows' values loaded before their math, then one at a time.
+            var i = j + XVB * XJ;
             for (; i + 3u * XJ < tn; i += 4u * XJ) {
                 var vv: array<vec4<f32>, 4>;
                 for (var u = 0u; u < 4u; u++) {
@@ -488,13 +529,14 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     load_diag(lid, WG, s == 0u || K_QJL, s == 0u);
     if lid == 0u {
         len_sh = lens[len_index(seg.layer, b)];
+#if EXACT
+        // (Loaded beside the length: one round trip for both.)
+        xlo_sh = x_at(b);
+#endif
     }
     let len = workgroupUniformLoad(&len_sh) - later;
 #if EXACT
     // The sequence's exact_lo, uniform (the ranges below bound loops with barriers).
-    if lid == 0u {
-        xlo_sh = x_at(b);
-    }
     let xlo = workgroupUniformLoad(&xlo_sh);
 #endif
     // The window is the last WIN positions up to and including the new tokens (all of them
