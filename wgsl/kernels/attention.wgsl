@@ -770,6 +770,10 @@ const RL: u32 = RED_WG / RC;
 // usually covers every split with few slots past the last.
 var<workgroup> lane_ml: array<vec2<f32>, RL>;
 var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
+#if EXACT
+// A rotated V's exact output, weighted, added as the un-rotated output is stored.
+var<workgroup> rx_sh: array<vec4<f32>, D / 4u>;
+#endif
 
 // Dispatch (QH, B, 1), or (QH, B, count) for a chunk's slice: merges the partials of one query
 // head into out[b, first + z, qh, :].
@@ -779,6 +783,16 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 // (about 2.5 us of an H200 layer, measured against a reduce that returns at once); loading
 // the output vectors beside the (max, sum) pairs, not after them, and the old length at the
 // start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
+// Value i of a rotated V's exact output as the reduce adds it to the un-rotated output (0
+// without exact tokens).
+fn rx_add(i: u32) -> f32 {
+#if EXACT
+    return rx_sh[i / 4u][i % 4u];
+#else
+    return 0.0;
+#endif
+}
+
 @compute @workgroup_size(RED_WG)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.
@@ -811,6 +825,15 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     let base = (pb * QH + qh) * PSLOTS;
     let c = lid % RC;
     let r = lid / RC;
+#if EXACT
+    // The exact tokens' slot, loaded beside the partials (after the merge each load cost a
+    // round trip to memory): its (max, sum), and lane 0's share of its D-wide output.
+    let mlx = part[part_ml + base + SPLITS_TOTAL];
+    var xo = vec4<f32>(0.0);
+    if r == 0u && c < D / 4u {
+        xo = part[(base + SPLITS_TOTAL) * PV4 + c];
+    }
+#endif
     var m = NEG;
     var l = 0.0;
     var o = vec4<f32>(0.0);
@@ -858,7 +881,6 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
 #if EXACT
     // The exact tokens' slot joins the merge: its weight xs scales its output (in the
     // caller's domain, added below).
-    let mlx = part[part_ml + base + SPLITS_TOTAL];
     let mx = max(m, mlx.x);
     let fr = exp(m - mx);
     let fx = exp(mlx.x - mx);
@@ -903,6 +925,11 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             rs_set(4u * c + 1u, y.y);
             rs_set(4u * c + 2u, y.z);
             rs_set(4u * c + 3u, y.w);
+#if EXACT
+            if c < D / 4u {
+                rx_sh[c] = xo * xs;
+            }
+#endif
         }
         workgroupBarrier();
         if V_GROUPED {
@@ -917,31 +944,20 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
                 let x = um * y;
                 for (var e = 0u; e < VGW; e++) {
                     if k + e < D {
-                        out[p + k + e] = x[e];
+                        out[p + k + e] = x[e] + rx_add(k + e);
                     }
                 }
             }
         } else {
             rotate_rows(V_KIND, V_ROT, 1u, lid, RED_WG, true);
             for (var i = lid; i < D; i += RED_WG) {
-                out[p + i] = rs_get(i);
+                out[p + i] = rs_get(i) + rx_add(i);
             }
         }
-#if EXACT
-        // The exact tokens' output added to the un-rotated one, which other invocations wrote.
-        storageBarrier();
-        if r == 0u && c < D / 4u {
-            let x = part[(base + SPLITS_TOTAL) * PV4 + c] * xs;
-            out[p + 4u * c] += x.x;
-            out[p + 4u * c + 1u] += x.y;
-            out[p + 4u * c + 2u] += x.z;
-            out[p + 4u * c + 3u] += x.w;
-        }
-#endif
     } else if r == 0u {
         var z = y;
 #if EXACT
-        z += part[(base + SPLITS_TOTAL) * PV4 + c] * xs;
+        z += xo * xs;
 #endif
         out[p + 4u * c] = z.x;
         out[p + 4u * c + 1u] = z.y;
