@@ -775,14 +775,6 @@ var<workgroup> lane_acc: array<vec4<f32>, RED_WG>;
 var<workgroup> rx_sh: array<vec4<f32>, D / 4u>;
 #endif
 
-// Dispatch (QH, B, 1), or (QH, B, count) for a chunk's slice: merges the partials of one query
-// head into out[b, first + z, qh, :].
-// Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
-// issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
-// is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
-// (about 2.5 us of an H200 layer, measured against a reduce that returns at once); loading
-// the output vectors beside the (max, sum) pairs, not after them, and the old length at the
-// start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
 // Value i of a rotated V's exact output as the reduce adds it to the un-rotated output (0
 // without exact tokens).
 fn rx_add(i: u32) -> f32 {
@@ -793,6 +785,14 @@ fn rx_add(i: u32) -> f32 {
 #endif
 }
 
+// Dispatch (QH, B, 1), or (QH, B, count) for a chunk's slice: merges the partials of one query
+// head into out[b, first + z, qh, :].
+// Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
+// issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
+// is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
+// (about 2.5 us of an H200 layer, measured against a reduce that returns at once); loading
+// the output vectors beside the (max, sum) pairs, not after them, and the old length at the
+// start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
 @compute @workgroup_size(RED_WG)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.
