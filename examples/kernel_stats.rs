@@ -80,20 +80,9 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|e| format!("--precision: {e}\n{USAGE}"))?
             }
             "--exact" => {
-                let v = value()?;
-                let bad = || format!("--exact {v}: SINK,RECENT or SINK,RECENT,kmean\n{USAGE}");
-                let parts: Vec<&str> = v.split(',').collect();
-                let (s, r, k_mean) = match parts[..] {
-                    [s, r] => (s, r, false),
-                    [s, r, "kmean"] => (s, r, true),
-                    _ => return Err(bad()),
-                };
-                let n = |x: &str| x.parse::<u32>().map_err(|_| bad());
-                a.exact = kvq::ExactTokens {
-                    sink: n(s)?,
-                    recent: n(r)?,
-                    k_mean,
-                };
+                a.exact = value()?
+                    .parse()
+                    .map_err(|e| format!("--exact: {e}\n{USAGE}"))?
             }
             "--module" => {
                 a.module = match value()?.as_str() {

@@ -152,6 +152,30 @@ impl ExactTokens {
     }
 }
 
+impl std::str::FromStr for ExactTokens {
+    type Err = crate::KvqError;
+
+    /// `"SINK,RECENT"`, or `"SINK,RECENT,kmean"` with K's mean removed (the tools' `--exact`).
+    fn from_str(s: &str) -> crate::Result<ExactTokens> {
+        let bad = || {
+            crate::KvqError::InvalidSpec(format!(
+                "exact tokens '{s}': SINK,RECENT or SINK,RECENT,kmean"
+            ))
+        };
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let (sink, recent, k_mean) = match parts[..] {
+            [sink, recent] => (sink, recent, false),
+            [sink, recent, "kmean"] => (sink, recent, true),
+            _ => return Err(bad()),
+        };
+        Ok(ExactTokens {
+            sink: sink.parse().map_err(|_| bad())?,
+            recent: recent.parse().map_err(|_| bad())?,
+            k_mean,
+        })
+    }
+}
+
 /// New tokens per sequence of a chunk appended and attended together where a cache keeps
 /// recent tokens exact ([`ExactTokens::ring`]); a longer chunk goes slice by slice, in one
 /// recording.
@@ -432,6 +456,17 @@ impl CacheSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_tokens_parse_from_the_tools_flag() {
+        let x: ExactTokens = "16,32".parse().unwrap();
+        assert_eq!((x.sink, x.recent, x.k_mean), (16, 32, false));
+        let x: ExactTokens = "4, 0, kmean".parse().unwrap();
+        assert_eq!((x.sink, x.recent, x.k_mean), (4, 0, true));
+        for bad in ["16", "16,32,mean", "a,32", "16,-1", "1,2,kmean,3"] {
+            assert!(bad.parse::<ExactTokens>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn auto_precision_is_fast_for_codes_of_at_most_4_bits_only() {

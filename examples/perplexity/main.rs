@@ -152,18 +152,7 @@ fn parse_args() -> Result<Args, String> {
             "--calib" => calib = val.parse().map_err(|_| format!("bad --calib {val}"))?,
             "--exact" => {
                 for set in val.split(';') {
-                    let bad = || format!("bad --exact {set} (SINK,RECENT or SINK,RECENT,kmean)");
-                    let parts: Vec<&str> = set.split(',').map(str::trim).collect();
-                    let (s, r, k_mean) = match parts[..] {
-                        [s, r] => (s, r, false),
-                        [s, r, "kmean"] => (s, r, true),
-                        _ => return Err(bad()),
-                    };
-                    exact.push(kvq::ExactTokens {
-                        sink: s.parse().map_err(|_| bad())?,
-                        recent: r.parse().map_err(|_| bad())?,
-                        k_mean,
-                    });
+                    exact.push(set.parse().map_err(|e| format!("--exact: {e}"))?);
                 }
             }
             "--prefill-from" => {

@@ -233,20 +233,7 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
             }
         }
         "--wg" => a.wg = Some(num(&val)?),
-        "--exact" => {
-            let parts: Vec<&str> = val.split(',').collect();
-            let bad = || format!("--exact: '{val}' is not SINK,RECENT or SINK,RECENT,kmean");
-            let (s, r, k_mean) = match parts[..] {
-                [s, r] => (s, r, false),
-                [s, r, "kmean"] => (s, r, true),
-                _ => return Err(bad()),
-            };
-            a.exact = kvq::ExactTokens {
-                sink: num(s)?,
-                recent: num(r)?,
-                k_mean,
-            };
-        }
+        "--exact" => a.exact = val.parse().map_err(|e| format!("--exact: {e}"))?,
         "--wait" => {
             a.wait = match val.as_str() {
                 "spin" => Some(Wait::Spin),
