@@ -246,11 +246,16 @@ fn x_pos(u: u32, ns: u32, rl: u32) -> u32 {
     return select(rl + u - ns, u, u < ns);
 }
 
+// Values 4c .. 4c + 3 of the exact row from word r on (x_row, plus XV for V), as their two
+// words of f16 pairs.
+fn x_pair(r: u32, c: u32) -> vec2<u32> {
+    return vec2<u32>(x_at(r + 2u * c), x_at(r + 2u * c + 1u));
+}
+
 // Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = XV) row, as their two words of f16
 // pairs (x_words) or as values.
 fn x_words(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec2<u32> {
-    let r = x_row(b, h, p) + v + 2u * c;
-    return vec2<u32>(x_at(r), x_at(r + 1u));
+    return x_pair(x_row(b, h, p) + v, c);
 }
 
 fn x_unpack(w: vec2<u32>) -> vec4<f32> {
@@ -315,7 +320,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
         var w: array<vec2<u32>, XKB>;
         if lid < tn {
             for (var u = 0u; u < XKB; u++) {
-                w[u] = vec2<u32>(x_at(r + 2u * u), x_at(r + 2u * u + 1u));
+                w[u] = x_pair(r, u);
             }
         }
         if t0 == 0u {
@@ -339,7 +344,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
             for (var k0 = 0u; k0 < XC; k0 += XKB) {
                 if k0 > 0u {
                     for (var u = 0u; u < XKB; u++) {
-                        w[u] = vec2<u32>(x_at(r + 2u * (k0 + u)), x_at(r + 2u * (k0 + u) + 1u));
+                        w[u] = x_pair(r, k0 + u);
                     }
                 }
                 for (var u = 0u; u < XKB; u++) {
