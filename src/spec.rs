@@ -193,7 +193,9 @@ pub struct CacheSpec {
     pub q_heads: u32,
     /// KV heads per token (`q_heads / kv_heads` is the GQA ratio; it must divide evenly).
     pub kv_heads: u32,
-    /// Values per head vector (64, 96, 128 and 256 are tested).
+    /// Values per head vector: a multiple of 32 from 32 to 256 (anything else is
+    /// [`crate::KvqError::UnsupportedHeadDim`]); 64, 96, 128 and 256 are the ones tested
+    /// against the reference.
     pub head_dim: u32,
     /// Tokens each sequence can hold (at most [`MAX_CAPACITY`]). With a [`CacheSpec::window`],
     /// the ring of slots holding each sequence's last `capacity` tokens.
@@ -316,7 +318,8 @@ impl CacheSpec {
     }
 
     /// Attends chunk slices of at least `tokens` new tokens per sequence with the prefill
-    /// kernel ([`CacheSpec::prefill_from`]); 1 takes it for every chunk.
+    /// kernel ([`CacheSpec::prefill_from`]); 1 (or 0: every chunk has a token) takes it for
+    /// every chunk.
     pub fn with_prefill_from(mut self, tokens: u32) -> CacheSpec {
         self.prefill_from = Some(tokens);
         self

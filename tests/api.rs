@@ -539,3 +539,35 @@ fn a_dispatch_timer_names_each_kernel_and_leaves_the_outputs_alone() {
     timer.clear();
     assert!(timer.is_empty() && timer.dropped() == 0);
 }
+
+/// A recording dropped instead of submitted leaves the host mirror ahead of the GPU;
+/// `sync_lengths` brings it back, so a cut to the dropped length is refused rather than
+/// attending rows never written.
+#[test]
+fn sync_lengths_undoes_a_dropped_recording() {
+    let spec = CacheSpec::new(2, 4, 2, 64, 10);
+    let mut cache = KvCache::new(ctx(), spec).unwrap();
+    let mut rng = Rng::new(5);
+    let (k, v) = (rng.normals(4 * 2 * 64, 1.0), rng.normals(4 * 2 * 64, 1.0));
+    for layer in 0..2 {
+        cache.append_host(layer, &k, &v).unwrap();
+    }
+    let kb = buffer(2 * 64 * 4, wgpu::BufferUsages::STORAGE);
+    let input = cache.append_input(&kb, &kb, 1, InputType::F32).unwrap();
+    let mut enc = ctx().device.create_command_encoder(&Default::default());
+    cache.append(&mut enc, 0, &input).unwrap();
+    // Layer 2 of 2: the loop fails part-way, and its encoder is dropped unsubmitted.
+    assert!(matches!(
+        cache.append(&mut enc, 2, &input),
+        Err(KvqError::LayerOutOfRange { .. })
+    ));
+    drop(enc);
+    assert_eq!(cache.len(0, 0).unwrap(), 5);
+    assert_eq!(cache.read_gpu_lengths().unwrap().0, vec![4, 4]);
+    cache.sync_lengths().unwrap();
+    assert_eq!((cache.len(0, 0).unwrap(), cache.len(1, 0).unwrap()), (4, 4));
+    assert!(matches!(
+        cache.truncate(0, 5),
+        Err(KvqError::InvalidArgument(_))
+    ));
+}

@@ -189,7 +189,8 @@ impl KvCache {
     /// through their codes until they fall out of the window.
     ///
     /// The new lengths are written through the queue and submitted at once, so they land after
-    /// everything already submitted: submit any recorded work on this cache first.
+    /// everything already submitted: submit any recorded work on this cache first (or, having
+    /// dropped it, call [`KvCache::sync_lengths`]).
     pub fn truncate(&mut self, seq: u32, len: u32) -> Result<()> {
         let s = &self.spec;
         if seq >= s.batch {
@@ -252,6 +253,19 @@ impl KvCache {
     /// [`KvCache::truncate`]).
     pub fn reset(&mut self, seq: u32) -> Result<()> {
         self.truncate(seq, 0)
+    }
+
+    /// Sets the host mirror of the lengths ([`KvCache::len`]) to the GPU's, by a blocking read
+    /// back. The mirror advances when kvq work is recorded, not when it is submitted: a
+    /// recording dropped instead of submitted (an error part-way through a loop over the
+    /// layers, an encoder discarded) leaves it ahead of the GPU, and then appends' capacity
+    /// checks and [`KvCache::truncate`] would act on lengths the GPU never reached (a cut
+    /// "back" to such a length would attend rows never written). Call this after dropping such
+    /// a recording, once any recorded work you keep is submitted.
+    pub fn sync_lengths(&mut self) -> Result<()> {
+        let (lens, _) = self.read_gpu_lengths()?;
+        self.host_lens = lens;
+        Ok(())
     }
 
     /// Reads the lengths and overflow flags from the GPU (`[layers * batch]` each): for tests

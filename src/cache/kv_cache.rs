@@ -18,7 +18,9 @@ use crate::spec::CacheSpec;
 ///
 /// Storage is allocated once, at creation. Sequence lengths live on the GPU, one per (layer,
 /// sequence); kvq keeps a host mirror of what it has recorded, to refuse appends past the
-/// capacity before they reach the GPU. The GPU checks again and writes nothing on overflow.
+/// capacity before they reach the GPU. The GPU checks again and writes nothing on overflow. A
+/// recording dropped instead of submitted leaves the mirror ahead of the GPU:
+/// [`KvCache::sync_lengths`] reads the GPU's lengths back into it.
 ///
 /// Caller buffers must belong to the cache's device. One of another device of the same
 /// `wgpu::Instance` is a [`KvqError::BadBuffer`] when it is bound (`append_input`,
@@ -187,9 +189,10 @@ impl KvCache {
         self.memory().store()
     }
 
-    /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length): the
-    /// tokens appended, which with a sliding window may pass the capacity (attention then
-    /// covers the last `min(len, window)`).
+    /// Length of `seq` in `layer` as recorded so far (the host mirror of the GPU length, which
+    /// a dropped recording leaves ahead: [`KvCache::sync_lengths`]): the tokens appended, which
+    /// with a sliding window may pass the capacity (attention then covers the last
+    /// `min(len, window)`).
     pub fn len(&self, layer: u32, seq: u32) -> Result<u32> {
         self.check_layer(layer)?;
         if seq >= self.spec.batch {
