@@ -184,6 +184,15 @@ pub const EXACT_CHUNK_SLICE: u32 = 64;
 /// Most exact tokens a cache keeps per sequence (`sink + recent`).
 pub const MAX_EXACT_TOKENS: u32 = 4096;
 
+/// The head sizes kvq's GPU kernels serve are multiples of this from [`MIN_HEAD_DIM`] to
+/// [`MAX_HEAD_DIM`]: the one statement of the rule, which [`CacheSpec::validate`] and
+/// [`crate::KernelConfig::check`] apply. A codec may ask more ([`crate::Codec::check_head_dim`]).
+pub const HEAD_DIM_MULTIPLE: u32 = 32;
+/// The smallest head size the GPU kernels serve ([`HEAD_DIM_MULTIPLE`]).
+pub const MIN_HEAD_DIM: u32 = 32;
+/// The largest head size the GPU kernels serve ([`HEAD_DIM_MULTIPLE`]).
+pub const MAX_HEAD_DIM: u32 = 256;
+
 /// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ShapeRule {
@@ -202,9 +211,13 @@ pub(crate) fn check_shape(
     gqa: u32,
     workgroup: Option<u32>,
 ) -> std::result::Result<(), (ShapeRule, String)> {
-    if !head_dim.is_multiple_of(32) || !(32..=256).contains(&head_dim) {
-        let why = "kvq's kernels need a multiple of 32 between 32 and 256";
-        return Err((ShapeRule::HeadDim, why.into()));
+    if !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
+        || !(MIN_HEAD_DIM..=MAX_HEAD_DIM).contains(&head_dim)
+    {
+        let why = format!(
+            "kvq's kernels need a multiple of {HEAD_DIM_MULTIPLE} between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}"
+        );
+        return Err((ShapeRule::HeadDim, why));
     }
     if !(1..=8).contains(&gqa) {
         let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
@@ -228,9 +241,9 @@ pub struct CacheSpec {
     pub q_heads: u32,
     /// KV heads per token (`q_heads / kv_heads` is the GQA ratio; it must divide evenly).
     pub kv_heads: u32,
-    /// Values per head vector: a multiple of 32 from 32 to 256 (anything else is
-    /// [`crate::KvqError::UnsupportedHeadDim`]); 64, 96, 128 and 256 are the ones tested
-    /// against the reference.
+    /// Values per head vector: what the kernels serve ([`HEAD_DIM_MULTIPLE`]) and the
+    /// codecs do (anything else is [`crate::KvqError::UnsupportedHeadDim`]); 64, 96, 128 and
+    /// 256 are the ones tested against the reference.
     pub head_dim: u32,
     /// Tokens each sequence can hold (at most [`MAX_CAPACITY`]). With a [`CacheSpec::window`],
     /// the ring of slots holding each sequence's last `capacity` tokens.
