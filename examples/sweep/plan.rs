@@ -161,7 +161,8 @@ pub fn parse_entry(name: &str, global: ExactTokens) -> Result<Entry, String> {
     } else {
         (name, global)
     };
-    let codecs = KvCodecs::parse(cache).map_err(|e| e.to_string())?;
+    let codecs = KvCodecs::parse(cache)
+        .map_err(|e| format!("{e}; a sweep's name may end in +exact or +exact+kmean"))?;
     Ok(Entry {
         name: name.to_string(),
         codecs,
