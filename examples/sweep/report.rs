@@ -135,13 +135,18 @@ fn print_against_none(rows: &[Row], derived: &[Derived]) {
                 .iter()
                 .find(|n| n.codec == "none" && n.ctx == r.ctx && n.queries == r.queries)?;
             Some(format!(
-                "{:<22} ctx {:>7}: {:.2}x the step time, {:.2}x the memory ({} against {})",
+                "{:<22} ctx {:>7}: {:.2}x the step time, {:.2}x the memory ({} against {}){}",
                 r.label(),
                 r.ctx,
                 d.ratio?,
                 d.mem_ratio?,
                 fmt_bytes(r.mem.total()),
                 fmt_bytes(none.mem.total()),
+                if r.noisy() || none.noisy() {
+                    ", time noisy ('!')"
+                } else {
+                    ""
+                }
             ))
         })
         .collect();
