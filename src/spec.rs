@@ -21,10 +21,10 @@ pub const MAX_LENGTHS: u64 = 1 << 20;
 pub enum Precision {
     /// `Fast` where every quantized side of the cache stores codes of at most 4 bits (and
     /// at least one side is quantized: `q4_sym`, `k_q4`, every turbo, rotor and iso width,
-    /// with or without QJL), else `Exact` (`none`, a cache with an 8-bit side). On the H200
-    /// the f16 prefill kernel took 0.78–0.97× the exact split kernel's time for `q4_sym`,
-    /// `turbo3_sym` and `k_iso3` (a QJL K keeps the split kernel there), and on five 3/4-bit
-    /// codecs `Fast` adds at most 5 % to the codec's own error (tested). It does not check
+    /// with or without QJL), else `Exact` (`none`, a cache with an 8-bit side): at 3 and 4 bits
+    /// the codec's own error dwarfs f16 rounding (`Fast` adds at most 5 % to it on five such
+    /// codecs, tested), and the f16 prefill kernel is the faster chunk kernel on the measured
+    /// GPUs (BENCHMARKS.md, "Chunks"). It does not check
     /// the values' range (see `Fast`): a model whose K or query · key products may pass f16's
     /// wants `Exact`.
     #[default]
@@ -88,8 +88,8 @@ impl std::str::FromStr for Precision {
 
 /// Tokens a cache keeps exact (f16, as the caller gave them) beside their codes, and attends
 /// in place of the codes: each sequence's first `sink` positions and its newest `recent`. On a
-/// real model these are what a quantized cache must not lose (QUALITY.md: on SmolLM2, 16 + 32
-/// of them cut `turbo4_sym`'s KL divergence from 0.068 to 0.006). The store still encodes
+/// real model these are what a 3- or 4-bit cache must not lose (QUALITY.md, "Exact tokens on
+/// the GPU"). The store still encodes
 /// every token, so nothing is re-encoded when a token grows old. Every query, of a decode
 /// step or of a chunk, sees exactly the sink and the `recent` positions up to its own exact.
 /// Costs [`ExactTokens::rows`]` x head_dim x 4` bytes per sequence, KV head and layer
@@ -264,10 +264,10 @@ pub struct CacheSpec {
     /// Seed of the codecs' fixed random rotations.
     pub seed: u64,
     /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
-    /// adapter's [`crate::tuning`] entry (an H200 or H100 SXM: the largest split grid that fits in one
-    /// wave of its resident workgroups for this GQA ratio and codec, at most 64 per head; a
-    /// CPU driver: 1-4 by capacity; any other adapter, unmeasured: one wave of a small GPU of
-    /// 16 multiprocessors, [`crate::tuning::UNMEASURED`]).
+    /// adapter's [`crate::tuning`] entry (a measured GPU: the largest split grid that fits in
+    /// one wave of its resident workgroups for this GQA ratio and codec, at most 64 per head;
+    /// a CPU driver: 1-4 by capacity; any other adapter: one wave of a small GPU,
+    /// [`crate::tuning::UNMEASURED`]).
     pub splits: Option<u32>,
     /// Splits per storage segment a chunk's slices take ([`crate::KvCache::chunk`]), at most
     /// the decode's ([`CacheSpec::splits`]; a larger value takes those); `None` picks per
@@ -287,8 +287,9 @@ pub struct CacheSpec {
     /// Chunk slices of at least this many new tokens per sequence are attended by the
     /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
-    /// [`crate::tuning`] entry's (on the H200 and the H100 SXM 64 where the products are f16,
-    /// [`Precision`], and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never. Both kernels compute the same attention; this only chooses the faster one. A
+    /// [`crate::tuning`] entry's (on the measured GPUs 64 where the products are f16,
+    /// [`Precision`], and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never.
+    /// Both kernels compute the same attention; this only chooses the faster one. A
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.
     pub prefill_from: Option<u32>,
