@@ -270,11 +270,11 @@ impl GpuContext {
     /// wgpu bounds every loop with a hidden iteration counter, a guard against shaders that
     /// never terminate. kvq's loops terminate by construction (each counts by a fixed step to
     /// a bound derived from the cache's shape or from lengths the kernels keep within
-    /// capacity), and the counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md, "wgpu's shader runtime checks").
-    /// wgpu also clamps every array index into range; every kvq index is in range
-    /// by construction (audited: BENCHMARKS.md, "wgpu's shader runtime checks"), and the clamps cost a cache
-    /// with a rotated V codec (turbo, rotor, iso) 7-10 % of its step, one on each level-table
-    /// lookup, so its kernels leave them out ([`crate::KernelConfig::clamps_indices`]); for the
+    /// capacity), and the counters cost the decode step much of its time (BENCHMARKS.md,
+    /// "wgpu's shader runtime checks"). wgpu also clamps every array index into range; every
+    /// kvq index is in range by construction (audited there), and the clamps cost a cache
+    /// with a rotated V codec (turbo, rotor, iso) a clamp on each level-table lookup, so its
+    /// kernels leave them out ([`crate::KernelConfig::clamps_indices`]); for the
     /// other codecs leaving them out measured nothing or a loss, and they stay. On Vulkan the
     /// driver's own buffer robustness stays on regardless. `true` restores every check, and
     /// wgpu's zeroing of workgroup memory (see [`GpuContext::with_workgroup_poison`]), as a
