@@ -325,8 +325,11 @@ impl GpuContext {
     /// Compute pipelines this context has compiled: every cache made on it (and on its
     /// clones) shares them, compiling a kernel only where no earlier cache had one of the
     /// same text and compile options. Caches that differ only in capacity, batch, window,
-    /// layers or splits compile nothing new; another codec, head_dim, GQA ratio, workgroup,
-    /// exact-token layout or precision does, as do other shader checks or workgroup poison.
+    /// layers or splits compile nothing new, but where the adapter's tuning bakes those into
+    /// the text ([`crate::tuning::DeviceTuning::baked_shape`]: the measured NVIDIA GPUs, where
+    /// a compile is cheap and the uniforms measured slower); another codec, head_dim, GQA
+    /// ratio, workgroup, exact-token layout or precision does, as do other shader checks or
+    /// workgroup poison.
     pub fn compiled_pipelines(&self) -> u64 {
         self.kernels.compiled_pipelines()
     }

@@ -39,7 +39,9 @@
 //! capacity, batch, window, layers and splits are uniforms its kernels read, not part of the
 //! text. So a second cache of another size, or a cache rebuilt for a longer conversation or
 //! another batch slot, starts without compiling ([`GpuContext::compiled_pipelines`] counts
-//! them; the `startup` example times it). What changes the text compiles anew: the codecs,
+//! them; the `startup` example times it). The measured NVIDIA GPUs are the exception: there
+//! the uniforms cost the kernels up to a few per cent and a compile well under a second, so
+//! their tuning bakes the shape into the text ([`tuning::DeviceTuning::baked_shape`]). What changes the text compiles anew: the codecs,
 //! head_dim, the GQA ratio, the decode workgroup, the exact-token layout, the precision, and
 //! [`GpuContext::with_shader_checks`] or [`GpuContext::with_workgroup_poison`]. The decode
 //! kernels compile with the cache; the others when their io is first prepared, never while

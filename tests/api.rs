@@ -573,7 +573,9 @@ fn sync_lengths_undoes_a_dropped_recording() {
 }
 
 /// Caches that differ only in capacity, batch, window and splits share their context's
-/// compiled kernels: the second and third compile nothing, and attend as the reference does.
+/// compiled kernels where the adapter's tuning reads those from uniforms (every adapter but the
+/// measured NVIDIA GPUs, whose tuning bakes them: there each compiles its own); either way
+/// they attend as the reference does.
 #[test]
 fn caches_of_other_sizes_compile_nothing_new() {
     // A device of its own: the shared context's count also counts the other tests' compiles.
@@ -628,12 +630,21 @@ fn caches_of_other_sizes_compile_nothing_new() {
     assert!(compiled[0] > 0);
     // (KVQ_BAKE, a measurement aid, bakes shape numbers back into the text: then the caches'
     // kernels differ, and only their results are checked.)
-    if std::env::var("KVQ_BAKE").is_ok_and(|v| !v.is_empty()) {
+    if std::env::var("KVQ_BAKE").is_ok() {
         eprintln!("KVQ_BAKE is set: pipelines compiled after each cache {compiled:?}");
         return;
     }
-    assert_eq!(
-        compiled, [compiled[0]; 3],
-        "pipelines compiled after each cache"
-    );
+    let baked = gpu.tuning().baked_shape;
+    if ["B", "CAP", "WIN", "RING"].iter().any(|n| baked.contains(n)) {
+        assert!(
+            compiled[0] < compiled[1] && compiled[1] < compiled[2],
+            "{} bakes {baked:?}: pipelines compiled after each cache {compiled:?}",
+            gpu.info.name
+        );
+    } else {
+        assert_eq!(
+            compiled, [compiled[0]; 3],
+            "pipelines compiled after each cache"
+        );
+    }
 }

@@ -64,6 +64,13 @@ fn configs() -> Vec<KernelConfig> {
                 } else {
                     Default::default()
                 },
+                // Half with the shape numbers baked (the measured NVIDIA GPUs' kernels),
+                // half reading them from uniforms (every other adapter's).
+                baked_shape: if i % 2 == 0 {
+                    kvq::tuning::BAKED_ON_NVIDIA
+                } else {
+                    &[]
+                },
                 // Every other one with f16 products (the f16 prefill kernel).
                 precision: match i % 2 {
                     0 => kvq::Precision::Exact,

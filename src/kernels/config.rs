@@ -57,6 +57,10 @@ pub struct KernelConfig {
     pub v: Codec,
     /// Tokens kept exact beside their codes (see [`crate::ExactTokens`]).
     pub exact: crate::spec::ExactTokens,
+    /// The shape numbers baked into the kernels' text rather than read from uniforms, by
+    /// their WGSL names ([`crate::tuning::DeviceTuning::baked_shape`]: a cache takes its
+    /// adapter's).
+    pub baked_shape: &'static [&'static str],
     /// The products' arithmetic ([`crate::Precision`]). A cache's is resolved for its codecs
     /// and adapter: `Exact` or `Fast`, `Fast` only where the adapter has `shader-f16`. One
     /// built by hand may say `Auto`, which these kernels resolve as a cache does
@@ -104,6 +108,12 @@ impl KernelConfig {
             return Err(KvqError::InvalidSpec(
                 "kernel config: kv_heads, batch, capacity, layers, splits, max_splits and segments must be at least 1".into(),
             ));
+        }
+        if !super::shape::known(self.baked_shape) {
+            return Err(KvqError::InvalidSpec(format!(
+                "kernel config: baked_shape {:?} names a number that is no shape number",
+                self.baked_shape
+            )));
         }
         Ok(())
     }
@@ -538,6 +548,7 @@ pub(super) mod tests {
             k: c.k,
             v: c.v,
             exact: Default::default(),
+            baked_shape: &[],
             precision: crate::spec::Precision::Exact,
         }
     }
