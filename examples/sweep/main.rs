@@ -12,12 +12,14 @@
 //! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU); its
 //! title names the CSV file where a sweep's names the device.
 //!
-//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the bandwidth
-//! probe), [`measure`] (the timed runs), [`timing`] (their clocks), [`progress`] (stderr),
+//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the bandwidth,
+//! FMA and matrix probes; [`matrix`] and [`matrix_wgsl`] hold the last), [`measure`] (the timed runs), [`timing`] (their clocks), [`progress`] (stderr),
 //! [`report`] (the table), [`csv`] (the CSV, both ways), [`plot`] (the SVG).
 
 mod args;
 mod csv;
+mod matrix;
+mod matrix_wgsl;
 mod measure;
 mod plan;
 mod plot;
@@ -62,7 +64,10 @@ fn main() {
         .with_shader_checks(args.shader_checks);
     let wait = args.wait_on(&ctx);
     let plan = Plan::new(&args, &ctx).unwrap_or_else(|e| fail(2, e));
-    let peaks = probe::peaks(&ctx);
+    let peaks = probe::peaks(&ctx, &args.matrix, args.matrix_dump.as_deref());
+    if args.probes_only {
+        return;
+    }
     let rows = run_points(&ctx, &plan, &args);
     let derived = report::derive(&rows, &peaks);
     report::print(&rows, &derived, &peaks, wait);
