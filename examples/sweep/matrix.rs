@@ -6,6 +6,8 @@
 //! adapter, with the cooperative-matrix feature, which kvq's own context does not request.
 //! An adapter without cooperative matrices (lavapipe, DX12) gets one line saying so.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use kvq::GpuContext;
@@ -29,7 +31,7 @@ const LOOP_GROUPS: u32 = 4096;
 
 /// The probe's variants that `--matrix default` runs: the loop kernels and the fastest GEMM
 /// (BENCHMARKS.md, "Matrix units").
-pub const DEFAULT: [&str; 3] = ["pipe", "lds-2x4", "g128x128x32-w2x2-s2p-wide-pad8"];
+pub const DEFAULT: [&str; 3] = ["pipe", "lds-2x4", "g128x128x32-w2x2-s1p-h-pad8"];
 
 /// Which variants `--matrix` asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,6 +108,9 @@ struct MatrixDevice {
     gpu: GpuContext,
     target: Target,
     cache: bool,
+    /// Set when the device is lost (a driver that fails to compile a kernel can lose it):
+    /// the variants after that are reported, not run.
+    lost: Arc<AtomicBool>,
 }
 
 impl MatrixDevice {
@@ -184,7 +189,14 @@ impl MatrixDevice {
         }))
         .map_err(|e| format!("cannot open a device with cooperative matrices: {e}"))?;
         let cache = device.features().contains(wgpu::Features::PIPELINE_CACHE);
+        let lost = Arc::new(AtomicBool::new(false));
+        let flag = lost.clone();
+        device.set_device_lost_callback(move |_, why| {
+            eprintln!("matrix units: the device was lost ({why})");
+            flag.store(true, Ordering::Release);
+        });
         Ok(Some(MatrixDevice {
+            lost,
             gpu: GpuContext::from_device(device, queue, info.clone()),
             target: Target {
                 frag,
@@ -207,11 +219,17 @@ impl MatrixDevice {
             eprintln!("matrix units: cannot create {d}: {e}");
         }
         let gemm = GemmData::new(&self.gpu);
+        let busy = match self.busy() {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("matrix units: not measured ({e})");
+                return Vec::new();
+            }
+        };
         let mut rows = Vec::new();
-        let mut warm = false;
         for v in variants().iter().filter(|v| which.picks(v)) {
             let name = v.name();
-            let r = self.measure(v, &gemm, dump, &mut warm);
+            let r = self.measure(v, &gemm, &busy, dump);
             match r {
                 Ok(row) => {
                     eprintln!(
@@ -236,8 +254,8 @@ impl MatrixDevice {
         &self,
         v: &Variant,
         gemm: &GemmData,
+        busy: &Busy,
         dump: Option<&str>,
-        warm: &mut bool,
     ) -> Result<MatrixRow, String> {
         let dev = &self.gpu.device;
         let t = &self.target;
@@ -254,31 +272,25 @@ impl MatrixDevice {
             return Err(format!("{threads} invocations a workgroup"));
         }
         let src = source(&v.kernel, t, &SHAPE)?;
-        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        self.alive()?;
+        // A driver's compile failure is an internal error; a bad module, a validation error.
+        let internal = dev.push_error_scope(wgpu::ErrorFilter::Internal);
+        let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let built = self.build(&v.name(), &src, v.checks, dump);
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        let errors = [
+            pollster::block_on(validation.pop()),
+            pollster::block_on(internal.pop()),
+        ];
+        if let Some(e) = errors.into_iter().flatten().next() {
             return Err(e.to_string());
         }
         let pipe = built?;
-        if !*warm {
-            // Raise the clocks before the first timing: about 300 ms of the pipe kernel.
-            let pipe_kernel = self.build(
-                "pipe-warmup",
-                &source(&Kernel::Pipe, t, &SHAPE)?,
-                false,
-                None,
-            )?;
-            let lp = LoopData::new(&self.gpu, &pipe_kernel);
-            let t0 = Instant::now();
-            while t0.elapsed().as_millis() < 300 {
-                lp.run_once(&self.gpu, &pipe_kernel)?;
-            }
-            *warm = true;
-        }
+        self.alive()?;
         let f = t.frag as f64;
         match v.kernel {
             Kernel::Pipe | Kernel::Lds { .. } => {
                 let lp = LoopData::new(&self.gpu, &pipe);
+                busy.run(&self.gpu)?;
                 let (ms, _) = time_passes(&self.gpu, "matrix probe", |enc, desc| {
                     lp.record(enc, &pipe, desc)
                 })?;
@@ -299,6 +311,7 @@ impl MatrixDevice {
                 let bind = gemm.bind(&self.gpu, &pipe, g.bt);
                 let groups = (SHAPE.n / g.bn, SHAPE.m / g.bm);
                 gemm.poison(&self.gpu);
+                busy.run(&self.gpu)?;
                 let record = |enc: &mut wgpu::CommandEncoder,
                               desc: &wgpu::ComputePassDescriptor| {
                     let mut pass = enc.begin_compute_pass(desc);
@@ -316,6 +329,22 @@ impl MatrixDevice {
                     rel_err: Some(rel_err),
                 })
             }
+        }
+    }
+
+    /// The kernel that raises the clocks before each timing ([`Busy`]).
+    fn busy(&self) -> Result<Busy, String> {
+        let src = source(&Kernel::Pipe, &self.target, &SHAPE)?;
+        let pipe = self.build("busy", &src, false, None)?;
+        let data = LoopData::new(&self.gpu, &pipe);
+        Ok(Busy { pipe, data })
+    }
+
+    /// An error once the device is lost.
+    fn alive(&self) -> Result<(), String> {
+        match self.lost.load(Ordering::Acquire) {
+            true => Err("the device is lost".into()),
+            false => Ok(()),
         }
     }
 
@@ -381,6 +410,28 @@ impl MatrixDevice {
     }
 }
 
+/// Back-to-back runs of the pipe kernel for [`BUSY_MS`] right before each timing: with the
+/// host's work between variants (the reference check, the next kernel's compile) the clocks
+/// fall, and a GEMM of a few milliseconds timed after one warm-up at the start ran up to 3x
+/// slow (an H100, driver 580: 82 against 232 TFLOP/s for the same kernel).
+struct Busy {
+    pipe: wgpu::ComputePipeline,
+    data: LoopData,
+}
+
+/// Milliseconds of [`Busy`].
+const BUSY_MS: u128 = 300;
+
+impl Busy {
+    fn run(&self, gpu: &GpuContext) -> Result<(), String> {
+        let t0 = Instant::now();
+        while t0.elapsed().as_millis() < BUSY_MS {
+            self.data.run_once(gpu, &self.pipe)?;
+        }
+        Ok(())
+    }
+}
+
 /// The loop kernels' output and iteration count.
 struct LoopData {
     bind: wgpu::BindGroup,
@@ -399,7 +450,7 @@ impl LoopData {
         });
         let params = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("matrix probe params"),
-            contents: bytemuck::cast_slice(&[LOOP_ROUNDS, 0, 0, 0]),
+            contents: bytemuck::cast_slice(&[LOOP_ROUNDS, 1, 0, 0]),
             usage: wgpu::BufferUsages::STORAGE,
         });
         let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -445,7 +496,8 @@ impl LoopData {
 /// copies the check needs.
 struct GemmData {
     a: Vec<half::f16>,
-    b: Vec<half::f16>,
+    /// B transposed (n x k), so that the reference reads both operands contiguously.
+    bt: Vec<half::f16>,
     a_buf: wgpu::Buffer,
     b_buf: wgpu::Buffer,
     bt_buf: wgpu::Buffer,
@@ -488,7 +540,7 @@ impl GemmData {
         });
         GemmData {
             a,
-            b,
+            bt,
             a_buf,
             b_buf,
             bt_buf,
@@ -549,8 +601,11 @@ impl GemmData {
             // Spread over rows and columns, corners of blocks included.
             let i = (s * 2654435761usize + s / 7) % SHAPE.m as usize;
             let j = (s * 40503usize + 3 * s) % n;
-            let want: f64 = (0..k)
-                .map(|q| self.a[i * k + q].to_f64() * self.b[q * n + j].to_f64())
+            let (ar, br) = (&self.a[i * k..][..k], &self.bt[j * k..][..k]);
+            let want: f64 = ar
+                .iter()
+                .zip(br)
+                .map(|(x, y)| x.to_f64() * y.to_f64())
                 .sum();
             let got = c[i * n + j] as f64;
             if !got.is_finite() {
