@@ -61,8 +61,9 @@ pub struct Gemm {
     /// multiply-adds and stored after them.
     pub prefetch: bool,
     /// Tiles in workgroup memory as `vec4<u32>` (one 16-byte store per 8 values; fragments
-    /// loaded through a `vec4<u32>` pointer) instead of `f16` (8 scalar stores, each pair
-    /// unpacked and converted: naga has no bitcast from `u32` to `vec2<f16>`).
+    /// loaded through a `vec4<u32>` pointer, which NVIDIA's Vulkan driver 580 fails to
+    /// compile) instead of `f16` (8 scalar stores, each pair unpacked and converted: naga has
+    /// no bitcast from `u32` to `vec2<f16>`; the driver merges them into 8-byte stores).
     pub wide: bool,
     /// f16 elements of padding after each tile row (a multiple of 8).
     pub pad: u32,
