@@ -205,7 +205,9 @@ pub struct DeviceTuning {
     /// from uniforms at run time. A baked number makes caches that differ in it compile
     /// kernels of their own; a uniform one may cost the kernels time. Empty: every number
     /// is a uniform, so caches of any capacity, batch, window, layers and splits share one
-    /// compile ([`crate::GpuContext::compiled_pipelines`]).
+    /// compile ([`crate::GpuContext::compiled_pipelines`]). For a measurement, the environment
+    /// variable `KVQ_BAKE` (comma-separated names, `all`, or empty for none) takes its place
+    /// for every cache of the process; either way the kernels compute the same results.
     pub baked_shape: &'static [&'static str],
 }
 
