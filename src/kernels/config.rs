@@ -109,12 +109,7 @@ impl KernelConfig {
                 "kernel config: kv_heads, batch, capacity, layers, splits, max_splits and segments must be at least 1".into(),
             ));
         }
-        if !super::shape::known(self.baked_shape) {
-            return Err(KvqError::InvalidSpec(format!(
-                "kernel config: baked_shape {:?} names a number that is no shape number",
-                self.baked_shape
-            )));
-        }
+        self.check_baked_shape()?;
         Ok(())
     }
 

@@ -95,6 +95,17 @@ fn bake_override() -> Option<&'static [String]> {
 }
 
 impl KernelConfig {
+    /// That [`KernelConfig::baked_shape`] names shape numbers only.
+    pub(super) fn check_baked_shape(&self) -> crate::error::Result<()> {
+        if known(self.baked_shape) {
+            return Ok(());
+        }
+        Err(crate::error::KvqError::InvalidSpec(format!(
+            "kernel config: baked_shape {:?} names a number that is no shape number",
+            self.baked_shape
+        )))
+    }
+
     /// The shape numbers of this configuration, as every segment's params hold them.
     pub(crate) fn shape_params(&self) -> ShapeParams {
         let constants = 2 * self.layers * self.batch;
