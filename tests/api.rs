@@ -635,7 +635,10 @@ fn caches_of_other_sizes_compile_nothing_new() {
         return;
     }
     let baked = gpu.tuning().baked_shape;
-    if ["B", "CAP", "WIN", "RING"].iter().any(|n| baked.contains(n)) {
+    if ["B", "CAP", "WIN", "RING"]
+        .iter()
+        .any(|n| baked.contains(n))
+    {
         assert!(
             compiled[0] < compiled[1] && compiled[1] < compiled[2],
             "{} bakes {baked:?}: pipelines compiled after each cache {compiled:?}",

@@ -14,9 +14,6 @@ mod matrix_wgsl;
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use matrix_wgsl::{Gemm, Kernel, Ops, Shape, Target, source, variants};
 use naga::back::{msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -33,7 +30,6 @@ const PROBE: Shape = Shape {
 /// such a module is then reported as not checked by it (naga has validated it), any other
 /// rejection fails.
 fn spirv_val(words: &[u32], name: &str) {
-    let required = std::env::var("KVQ_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
     if let Ok(dir) = std::env::var("KVQ_MATRIX_SPV_DIR") {
         let file = name.replace([' ', '(', ')'], "");
         std::fs::write(
@@ -42,37 +38,15 @@ fn spirv_val(words: &[u32], name: &str) {
         )
         .unwrap();
     }
-    let child = Command::new("spirv-val")
-        .args(["--target-env", "vulkan1.3", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            assert!(
-                !required,
-                "spirv-val is required (KVQ_REQUIRE_SPIRV_VAL=1) but could not run: {e}"
-            );
-            eprintln!("spirv-val not found; SPIR-V of {name} not checked by it");
-            return;
-        }
+    let Some((ok, said)) = common::spirv_val(words, "vulkan1.3", name) else {
+        return;
     };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(bytemuck::cast_slice(words))
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     // 6022: CooperativeMatrixKHR.
-    if !out.status.success() && said.contains("Invalid capability operand: 6022") {
+    if !ok && said.contains("Invalid capability operand: 6022") {
         eprintln!("{name}: this spirv-val predates SPV_KHR_cooperative_matrix; not checked by it");
         return;
     }
-    assert!(out.status.success(), "spirv-val rejects {name}: {said}");
+    assert!(ok, "spirv-val rejects {name}: {said}");
 }
 
 /// Parses and validates `src`, writes SPIR-V as wgpu's Vulkan backend would (index clamping

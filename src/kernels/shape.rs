@@ -80,9 +80,7 @@ fn bake_override() -> Option<&'static [String]> {
     static NAMES: std::sync::OnceLock<Option<Vec<String>>> = std::sync::OnceLock::new();
     NAMES
         .get_or_init(|| match std::env::var("KVQ_BAKE") {
-            Ok(v) if v.trim() == "all" => {
-                Some(READS.iter().map(|(n, _)| n.to_string()).collect())
-            }
+            Ok(v) if v.trim() == "all" => Some(READS.iter().map(|(n, _)| n.to_string()).collect()),
             Ok(v) => Some(
                 v.split(',')
                     .map(|n| n.trim().to_string())
@@ -164,8 +162,8 @@ impl KernelConfig {
 #[cfg(test)]
 mod tests {
     use super::READS;
-    use crate::kernels::{KernelConfig, KernelModule};
     use crate::kernels::config::tests::cfg;
+    use crate::kernels::{KernelConfig, KernelModule};
 
     #[test]
     fn caches_of_other_sizes_assemble_the_same_text() {
