@@ -71,7 +71,7 @@ impl KvCache {
             input,
         } = new;
         // Built here, once, so that recording an append never compiles a pipeline.
-        self.pipes.append(input)?;
+        self.pipes.append(input, n)?;
         let s = &self.spec;
         let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
             + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
@@ -269,6 +269,7 @@ impl KvCache {
         // Built here, once, so that recording a chunk never compiles a pipeline.
         self.pipes.chunk()?;
         if prefill.is_some() {
+            self.pipes.prefill_rotate()?;
             self.pipes.prefill()?;
         }
         let partials = self.chunk_scratch(scratch)?;
