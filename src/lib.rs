@@ -32,6 +32,7 @@ pub mod reference;
 pub mod spec;
 pub mod timer;
 pub mod tuning;
+mod wait;
 
 pub use cache::{AppendInput, AttendIo, CHUNK_SLICE_TOKENS, ChunkIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};

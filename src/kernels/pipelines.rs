@@ -233,9 +233,9 @@ impl Pipelines {
         let step_store = layout(device, STEP_STORE);
         let step_io = layout(device, STEP_IO);
         let step_layout = pl(&step_store, &step_io);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(KvqError::Gpu(format!("building kvq's kernels failed: {e}")));
-        }
+        crate::wait::check_scope(device, scope, |e| {
+            KvqError::Gpu(format!("building kvq's kernels failed: {e}"))
+        })?;
         let attend = build(
             device,
             compile,
@@ -341,11 +341,10 @@ fn shader_module(
     // SAFETY: wgpu's contract for the checks left out (see `runtime_checks`): every loop
     // terminates, and no index leaves its array or buffer.
     let module = unsafe { device.create_shader_module_trusted(desc, compile.checks) };
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(KvqError::Gpu(format!(
-            "building kvq's {label} kernels failed: {e}"
-        )));
-    }
+    let label = label.to_string();
+    crate::wait::check_scope(device, scope, move |e| {
+        KvqError::Gpu(format!("building kvq's {label} kernels failed: {e}"))
+    })?;
     Ok(module)
 }
 
@@ -372,10 +371,9 @@ fn pipelines<const N: usize>(
             cache: None,
         })
     });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(KvqError::Gpu(format!(
-            "building kvq's {label} kernels failed: {e}"
-        )));
-    }
+    let label = label.to_string();
+    crate::wait::check_scope(device, scope, move |e| {
+        KvqError::Gpu(format!("building kvq's {label} kernels failed: {e}"))
+    })?;
     Ok(pipes)
 }
