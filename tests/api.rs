@@ -651,3 +651,41 @@ fn caches_of_other_sizes_compile_nothing_new() {
         );
     }
 }
+
+/// The async forms a browser uses (natively they wait in place) give what the blocking forms
+/// give, and a new cache's deferred error checks are all answered natively.
+#[test]
+fn async_host_forms_match_the_blocking_ones() {
+    let spec = CacheSpec::new(2, 8, 2, 64, 40).with_codecs(KvCodecs::parse("q8_sym").unwrap());
+    let mut cache = pollster::block_on(KvCache::new_async(ctx(), spec)).unwrap();
+    pollster::block_on(ctx().check_errors_async()).unwrap();
+    let mut rng = Rng::new(31);
+    let (k, v) = (rng.normals(5 * 2 * 64, 1.0), rng.normals(5 * 2 * 64, 1.0));
+    cache.append_host(1, &k, &v).unwrap();
+    let q = rng.normals(8 * 64, 1.0);
+    let out = cache.attend_host(1, &q).unwrap();
+    assert_eq!(
+        pollster::block_on(cache.attend_host_async(1, &q)).unwrap(),
+        out
+    );
+    assert_eq!(
+        pollster::block_on(cache.read_rows_async(1)).unwrap(),
+        cache.read_rows(1).unwrap()
+    );
+    assert_eq!(
+        pollster::block_on(cache.read_gpu_lengths_async()).unwrap(),
+        cache.read_gpu_lengths().unwrap()
+    );
+    let (k, v) = (rng.normals(3 * 2 * 64, 1.0), rng.normals(3 * 2 * 64, 1.0));
+    let qc = rng.normals(3 * 8 * 64, 1.0);
+    let chunk = pollster::block_on(cache.chunk_host_async(0, &k, &v, &qc)).unwrap();
+    assert_eq!(chunk.len(), qc.len());
+    assert!(chunk.iter().all(|x| x.is_finite()));
+    pollster::block_on(cache.sync_lengths_async()).unwrap();
+    assert_eq!((cache.len(0, 0).unwrap(), cache.len(1, 0).unwrap()), (3, 5));
+    // The failures stay typed errors through the async forms.
+    assert!(matches!(
+        pollster::block_on(cache.attend_host_async(0, &q[1..])),
+        Err(KvqError::WrongLength { .. })
+    ));
+}

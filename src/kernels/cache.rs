@@ -154,10 +154,10 @@ impl Layouts {
             step_store,
             step_io,
         };
-        match pollster::block_on(scope.pop()) {
-            Some(e) => Err(KvqError::Gpu(format!("creating kvq's layouts failed: {e}"))),
-            None => Ok(layouts),
-        }
+        crate::wait::check_scope(device, scope, |e| {
+            KvqError::Gpu(format!("creating kvq's layouts failed: {e}"))
+        })?;
+        Ok(layouts)
     }
 
     /// The pipeline layout of `module`'s kernels.
@@ -258,12 +258,10 @@ impl KernelCache {
                     },
                     cache: None,
                 });
-                if let Some(e) = pollster::block_on(scope.pop()) {
-                    return Err(KvqError::Gpu(format!(
-                        "building kvq's {label} kernel {} failed: {e}",
-                        dispatch.entry
-                    )));
-                }
+                let (label, entry) = (label.clone(), dispatch.entry);
+                crate::wait::check_scope(device, scope, move |e| {
+                    KvqError::Gpu(format!("building kvq's {label} kernel {entry} failed: {e}"))
+                })?;
                 self.pipelines.fetch_add(1, Ordering::Relaxed);
                 Ok(pipeline)
             })
@@ -292,10 +290,9 @@ fn shader_module(
     // SAFETY: wgpu's contract for the checks left out (see `Compile::checks`): every loop
     // terminates, and no index leaves its array or buffer.
     let module = unsafe { device.create_shader_module_trusted(desc, compile.checks()) };
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(KvqError::Gpu(format!(
-            "building kvq's {label} kernels failed: {e}"
-        )));
-    }
+    let label = label.to_string();
+    crate::wait::check_scope(device, scope, move |e| {
+        KvqError::Gpu(format!("building kvq's {label} kernels failed: {e}"))
+    })?;
     Ok(module)
 }
