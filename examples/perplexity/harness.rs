@@ -109,7 +109,7 @@ impl Setup {
             return Err(format!("{} does not exist", model.display()));
         }
         let model = Model::load(model)?;
-        let tok = tokenizer(&model)?;
+        let tok = tokenizer(&model.tokens, &model.token_types, &model.merges)?;
         let body = std::fs::read_to_string(text).map_err(|e| format!("{}: {e}", text.display()))?;
         if n < 2 {
             return Err(format!(

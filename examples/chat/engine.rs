@@ -1,0 +1,772 @@
+//! The forward on the GPU: every kernel of a decode step (or of a prompt) recorded into one
+//! compute pass of one command encoder, kvq's attention among them, and only the sampled token
+//! ids read back.
+//!
+//! A decode step, per layer: the fused Q/K/V product (RMSNorm inside), RoPE (and the K/V to
+//! f16), kvq's fused append + attention (2 dispatches), the output product with the residual
+//! add, the fused gate/up product (RMSNorm inside, SwiGLU on the way out), the down product
+//! with the residual add: 7 dispatches; then the logits (final RMSNorm inside) and the
+//! sampler. A prompt is one chunk: the same with matrix-matrix products, a separate RMSNorm
+//! kernel before the two normed products, and kvq's chunk attention; the logits of each
+//! sequence's last token only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+use kvq::{CacheSpec, ChunkIo, ExactTokens, GpuContext, InputType, KvCache, KvCodecs, StepIo};
+
+use crate::error::{ChatError, Result};
+use crate::kernels::{Const, Kernel, Kernels, Kind};
+use crate::llama::{Matrix, Rope, Weights};
+
+/// How a sequence's next token is chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0: greedy; else the softmax temperature.
+    pub temperature: f32,
+    /// Nucleus sampling's kept mass (1: all tokens).
+    pub top_p: f32,
+    /// The random stream's seed.
+    pub seed: u32,
+}
+
+impl Sampling {
+    /// Greedy decoding.
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+    };
+}
+
+/// What the engine is built for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Sequences decoded together.
+    pub batch: u32,
+    /// Tokens per sequence the cache holds.
+    pub capacity: u32,
+    /// Most new tokens per sequence one prompt chunk takes (a longer prompt is several).
+    pub prompt_max: u32,
+    /// The cache's codecs.
+    pub codecs: KvCodecs,
+    /// Exact tokens (`CacheSpec::with_exact`).
+    pub exact: ExactTokens,
+    /// Lanes per row of the matrix-vector kernels (None: by the row length).
+    pub lanes: Option<u32>,
+    /// Rows per lane group of the matrix-vector kernels.
+    pub rows_per_lane: u32,
+}
+
+impl Options {
+    /// One sequence of `capacity` tokens with `codecs`, prompts of up to `capacity` tokens.
+    pub fn new(capacity: u32, codecs: KvCodecs) -> Options {
+        Options {
+            batch: 1,
+            capacity,
+            prompt_max: capacity,
+            codecs,
+            exact: ExactTokens::NONE,
+            lanes: None,
+            rows_per_lane: 2,
+        }
+    }
+}
+
+/// The parameters every kernel of a recording reads (`kernels/params.wgsl`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    tokens: u32,
+    per_seq: u32,
+    ids_base: u32,
+    _pad0: u32,
+    temperature: f32,
+    top_p: f32,
+    seed: u32,
+    _pad1: u32,
+}
+
+/// A kernel's grid, for a recording of `tokens` rows.
+#[derive(Clone, Copy)]
+enum Grid {
+    Fixed([u32; 3]),
+    /// `(x, ceil(tokens / tile), 1)`.
+    Tokens { x: u32, tile: u32 },
+    /// `(ceil(tokens / tile), 1, 1)`.
+    Rows { tile: u32 },
+}
+
+impl Grid {
+    fn resolve(self, tokens: u32) -> [u32; 3] {
+        match self {
+            Grid::Fixed(g) => g,
+            Grid::Tokens { x, tile } => [x, tokens.div_ceil(tile), 1],
+            Grid::Rows { tile } => [tokens.div_ceil(tile), 1, 1],
+        }
+    }
+}
+
+enum Op {
+    Kernel {
+        kernel: Arc<Kernel>,
+        bind: wgpu::BindGroup,
+        grid: Grid,
+    },
+    /// kvq's attention of a layer: the fused step, or the prompt's chunk.
+    Attention(u32),
+}
+
+/// The activations, in buffers sized for a prompt chunk of the whole batch.
+struct Buffers {
+    h: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    act: wgpu::Buffer,
+    inv: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    /// `[batch]` positions, `[batch]` current tokens, `[batch]` draw counters.
+    state: wgpu::Buffer,
+    /// A prompt's token ids.
+    ids: wgpu::Buffer,
+    decode_params: wgpu::Buffer,
+    prompt_params: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Bound where a kernel's variant reads nothing.
+    dummy: wgpu::Buffer,
+}
+
+impl Buffers {
+    fn bytes(&self) -> u64 {
+        [
+            &self.h,
+            &self.qkv,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.act,
+            &self.inv,
+            &self.logits,
+            &self.state,
+            &self.ids,
+        ]
+        .iter()
+        .map(|b| b.size())
+        .sum()
+    }
+}
+
+/// The products [`Engine::time_products`] times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// The fused Q/K/V product (RMSNorm inside).
+    Qkv,
+    /// The attention output product (residual add).
+    O,
+    /// The fused gate/up product (RMSNorm inside, SwiGLU out).
+    GateUp,
+    /// The down product (residual add).
+    Down,
+    /// The logits (final RMSNorm inside).
+    Output,
+}
+
+/// Dispatches of one recording.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Dispatches {
+    /// The example's own kernels.
+    pub own: u64,
+    /// kvq's.
+    pub kvq: u64,
+}
+
+/// A Llama-architecture model on the GPU with kvq as its KV cache.
+pub struct Engine {
+    /// The device.
+    pub ctx: GpuContext,
+    /// The weights (shared by engines built over them).
+    pub weights: Arc<Weights>,
+    /// The KV cache.
+    pub cache: KvCache,
+    /// What it was built for.
+    pub opts: Options,
+    kernels: Kernels,
+    bufs: Buffers,
+    decode: Vec<Op>,
+    prompt: Vec<Op>,
+    step_io: StepIo,
+    chunks: HashMap<u32, ChunkIo>,
+    sampling: Sampling,
+    /// The last recording's dispatches.
+    pub last_dispatches: Dispatches,
+}
+
+fn buffer(ctx: &GpuContext, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes.max(16).div_ceil(4) * 4,
+        usage,
+        mapped_at_creation: false,
+    })
+}
+
+/// Lanes per row of the matrix-vector kernel for rows of `k` values: about 4 blocks each,
+/// 4 to 64 lanes.
+fn lanes_for(k: u32) -> u32 {
+    let per = (k / 32 / 4).max(1);
+    (1u32 << (31 - per.leading_zeros())).clamp(4, 64)
+}
+
+impl Engine {
+    /// Builds the engine: the cache, the activations and every kernel and bind group of the
+    /// decode step and of a prompt (nothing is compiled or allocated after this).
+    pub fn new(ctx: &GpuContext, weights: Arc<Weights>, opts: Options) -> Result<Engine> {
+        let cfg = weights.cfg.clone();
+        cfg.check()?;
+        if opts.batch == 0 || opts.capacity == 0 || opts.prompt_max == 0 {
+            return Err(ChatError::Argument(
+                "batch, capacity and prompt length must be positive".into(),
+            ));
+        }
+        let mut spec = CacheSpec::new(
+            cfg.layers,
+            cfg.q_heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            opts.capacity,
+        )
+        .with_codecs(opts.codecs)
+        .with_batch(opts.batch);
+        spec.exact = opts.exact;
+        let cache = KvCache::new(ctx, spec)?;
+        let prompt_max = opts.prompt_max.min(opts.capacity);
+        let rows = opts.batch as u64 * prompt_max as u64;
+        let limits = ctx.device.limits();
+        if rows > limits.max_compute_workgroups_per_dimension as u64 {
+            return Err(ChatError::Argument(format!(
+                "a prompt chunk of {rows} rows (batch x prompt length) passes the adapter's \
+                 {} workgroups per dimension",
+                limits.max_compute_workgroups_per_dimension
+            )));
+        }
+        use wgpu::BufferUsages as U;
+        let st = U::STORAGE | U::COPY_SRC | U::COPY_DST;
+        let (hd, hq, hk) = (cfg.head_dim as u64, cfg.q_heads as u64, cfg.kv_heads as u64);
+        let b = opts.batch as u64;
+        let bufs = Buffers {
+            h: buffer(ctx, "h", rows * cfg.dim as u64 * 4, st),
+            qkv: buffer(ctx, "qkv", rows * cfg.qkv_rows() as u64 * 4, st),
+            q: buffer(ctx, "q", rows * hq * hd * 4, st),
+            k: buffer(ctx, "k", rows * hk * hd * 2, st),
+            v: buffer(ctx, "v", rows * hk * hd * 2, st),
+            attn: buffer(ctx, "attn", rows * hq * hd * 4, st),
+            act: buffer(ctx, "act", rows * cfg.ffn as u64 * 4, st),
+            inv: buffer(ctx, "inv rms", rows * 4, st),
+            logits: buffer(ctx, "logits", b * cfg.vocab as u64 * 4, st),
+            state: buffer(ctx, "state", b * 3 * 4, st),
+            ids: buffer(ctx, "ids", rows * 4, st),
+            decode_params: buffer(ctx, "decode params", 32, U::UNIFORM | U::COPY_DST),
+            prompt_params: buffer(ctx, "prompt params", 32, U::UNIFORM | U::COPY_DST),
+            readback: buffer(ctx, "readback", b * 4, U::MAP_READ | U::COPY_DST),
+            dummy: buffer(ctx, "dummy", 16, U::STORAGE),
+        };
+        let step_io = cache.step_io(&bufs.k, &bufs.v, 1, InputType::F16, &bufs.q, &bufs.attn)?;
+        let mut e = Engine {
+            ctx: ctx.clone(),
+            kernels: Kernels::new(&ctx.device),
+            weights,
+            cache,
+            opts: Options { prompt_max, ..opts },
+            bufs,
+            decode: Vec::new(),
+            prompt: Vec::new(),
+            step_io,
+            chunks: HashMap::new(),
+            sampling: Sampling::GREEDY,
+            last_dispatches: Dispatches::default(),
+        };
+        e.decode = e.build(false)?;
+        e.prompt = e.build(true)?;
+        e.set_sampling(Sampling::GREEDY);
+        Ok(e)
+    }
+
+    fn write_params(&self, buf: &wgpu::Buffer, per_seq: u32, ids_base: u32) {
+        let s = self.sampling;
+        let p = Params {
+            tokens: self.opts.batch * per_seq,
+            per_seq,
+            ids_base,
+            _pad0: 0,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            seed: s.seed,
+            _pad1: 0,
+        };
+        self.ctx.queue.write_buffer(buf, 0, bytemuck::bytes_of(&p));
+    }
+
+    /// Sets how the next tokens are chosen.
+    pub fn set_sampling(&mut self, s: Sampling) {
+        self.sampling = s;
+        self.write_params(&self.bufs.decode_params, 1, self.opts.batch);
+    }
+
+    /// The product of `m` over `x` into `y` (`norm`: RMSNorm(x) · gain first; `epi`: store,
+    /// add, SwiGLU), as a matrix-vector kernel for the batch (decode) or a matrix-matrix
+    /// kernel for a prompt's rows.
+    fn product(
+        &self,
+        prompt: bool,
+        m: &Matrix,
+        x: &wgpu::Buffer,
+        norm: Option<&wgpu::Buffer>,
+        epi: u32,
+        y: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+    ) -> Result<Op> {
+        let eps = self.weights.cfg.eps as f32;
+        let mut consts = vec![
+            ("K", Const::U(m.cols)),
+            ("N", Const::U(m.rows)),
+            ("FORMAT", Const::U(m.format.id())),
+            ("NORM", Const::B(norm.is_some())),
+            ("EPI", Const::U(epi)),
+            ("EPS", Const::F(eps)),
+        ];
+        let gain = norm.unwrap_or(&self.bufs.dummy);
+        if prompt {
+            let k = self.kernels.get(Kind::Matmul, &consts)?;
+            let inv = if norm.is_some() {
+                &self.bufs.inv
+            } else {
+                &self.bufs.dummy
+            };
+            let bind = self
+                .kernels
+                .bind(&k, &[x, gain, &m.codes, &m.scales, y, params, inv]);
+            return Ok(Op::Kernel {
+                kernel: k,
+                bind,
+                grid: Grid::Tokens {
+                    x: m.rows.div_ceil(64),
+                    tile: 64,
+                },
+            });
+        }
+        let tpr = self.opts.lanes.unwrap_or_else(|| lanes_for(m.cols));
+        let r = self.opts.rows_per_lane;
+        let rows = 256 / tpr * r;
+        consts.extend([
+            ("M", Const::U(self.opts.batch)),
+            ("TPR", Const::U(tpr)),
+            ("R", Const::U(r)),
+            ("WG", Const::U(256)),
+        ]);
+        let k = self.kernels.get(Kind::Matvec, &consts)?;
+        let bind = self
+            .kernels
+            .bind(&k, &[x, gain, &m.codes, &m.scales, y, params]);
+        Ok(Op::Kernel {
+            kernel: k,
+            bind,
+            grid: Grid::Fixed([m.rows.div_ceil(rows), 1, 1]),
+        })
+    }
+
+    /// The ops of a decode step (`prompt` false) or of a prompt chunk.
+    fn build(&self, prompt: bool) -> Result<Vec<Op>> {
+        let c = &self.weights.cfg;
+        let b = &self.bufs;
+        let params = if prompt {
+            &b.prompt_params
+        } else {
+            &b.decode_params
+        };
+        let eps = Const::F(c.eps as f32);
+        let mut ops = Vec::new();
+        let embed = &self.weights.embed;
+        let k = self.kernels.get(
+            Kind::Embed,
+            &[
+                ("K", Const::U(c.dim)),
+                ("N", Const::U(c.vocab)),
+                ("FORMAT", Const::U(embed.format.id())),
+            ],
+        )?;
+        let ids = if prompt { &b.ids } else { &b.state };
+        ops.push(Op::Kernel {
+            bind: self
+                .kernels
+                .bind(&k, &[ids, &b.h, &embed.codes, &embed.scales, params]),
+            kernel: k,
+            grid: Grid::Rows { tile: 1 },
+        });
+        let rms = self
+            .kernels
+            .get(Kind::Rms, &[("K", Const::U(c.dim)), ("EPS", eps.clone())])?;
+        let rope = self.kernels.get(
+            Kind::Rope,
+            &[
+                ("D", Const::U(c.head_dim)),
+                ("HQ", Const::U(c.q_heads)),
+                ("HK", Const::U(c.kv_heads)),
+                ("ROPE", Const::U((c.rope == Rope::Neox) as u32)),
+                ("QK_NORM", Const::B(c.qk_norm)),
+                ("EPS", eps),
+            ],
+        )?;
+        let rms_op = || Op::Kernel {
+            kernel: rms.clone(),
+            bind: self.kernels.bind(&rms, &[&b.h, &b.inv, params]),
+            grid: Grid::Rows { tile: 1 },
+        };
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            if prompt {
+                ops.push(rms_op());
+            }
+            ops.push(self.product(prompt, &layer.qkv, &b.h, Some(&layer.attn_norm), 0, &b.qkv, params)?);
+            ops.push(Op::Kernel {
+                kernel: rope.clone(),
+                bind: self.kernels.bind(
+                    &rope,
+                    &[&b.qkv, &b.q, &b.k, &b.v, &b.state, &layer.rope_consts, params],
+                ),
+                grid: Grid::Tokens {
+                    x: c.q_heads + 2 * c.kv_heads,
+                    tile: 1,
+                },
+            });
+            ops.push(Op::Attention(l as u32));
+            ops.push(self.product(prompt, &layer.o, &b.attn, None, 1, &b.h, params)?);
+            if prompt {
+                ops.push(rms_op());
+            }
+            ops.push(self.product(prompt, &layer.gate_up, &b.h, Some(&layer.ffn_norm), 2, &b.act, params)?);
+            ops.push(self.product(prompt, &layer.down, &b.act, None, 1, &b.h, params)?);
+        }
+        // The logits of each sequence's last row, then the sampler.
+        let w = &self.weights;
+        ops.push(self.product(false, w.output(), &b.h, Some(&w.out_norm), 0, &b.logits, params)?);
+        let k = self.kernels.get(
+            Kind::Sample,
+            &[("V", Const::U(c.vocab)), ("B", Const::U(self.opts.batch))],
+        )?;
+        ops.push(Op::Kernel {
+            bind: self.kernels.bind(&k, &[&b.logits, &b.state, params]),
+            kernel: k,
+            grid: Grid::Fixed([self.opts.batch, 1, 1]),
+        });
+        Ok(ops)
+    }
+
+    /// Records `ops` into `pass`, kvq's attention by `io` (a chunk) or the fused step.
+    fn record(
+        cache: &mut KvCache,
+        pass: &mut wgpu::ComputePass<'_>,
+        ops: &[Op],
+        tokens: u32,
+        step: &StepIo,
+        chunk: Option<&ChunkIo>,
+    ) -> Result<u64> {
+        let mut own = 0;
+        for op in ops {
+            match op {
+                Op::Kernel { kernel, bind, grid } => {
+                    let [x, y, z] = grid.resolve(tokens);
+                    pass.set_pipeline(&kernel.pipeline);
+                    pass.set_bind_group(0, bind, &[]);
+                    pass.dispatch_workgroups(x, y, z);
+                    own += 1;
+                }
+                Op::Attention(l) => match chunk {
+                    Some(io) => cache.chunk_in_pass(pass, *l, io)?,
+                    None => cache.step_in_pass(pass, *l, step)?,
+                },
+            }
+        }
+        Ok(own)
+    }
+
+    /// Tokens held by sequence 0 (every sequence holds as many).
+    pub fn len(&self) -> u32 {
+        self.cache.len(0, 0).unwrap_or(0)
+    }
+
+    /// Records the ops, submits them with the sampled tokens' copy, reads those back.
+    fn run(&mut self, chunk_n: Option<u32>) -> Result<Vec<u32>> {
+        let batch = self.opts.batch;
+        let before = self.ctx.stats().dispatches;
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        let recorded = {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("chat forward"),
+                timestamp_writes: None,
+            });
+            let (ops, tokens, chunk) = match chunk_n {
+                Some(n) => (&self.prompt, batch * n, self.chunks.get(&n)),
+                None => (&self.decode, batch, None),
+            };
+            Self::record(&mut self.cache, &mut pass, ops, tokens, &self.step_io, chunk)
+        };
+        let own = match recorded {
+            Ok(n) => n,
+            Err(e) => {
+                // The recording is dropped: the cache's host lengths must follow the GPU's.
+                drop(enc);
+                self.cache.sync_lengths()?;
+                return Err(e);
+            }
+        };
+        self.last_dispatches = Dispatches {
+            own,
+            kvq: self.ctx.stats().dispatches - before,
+        };
+        let bytes = batch as u64 * 4;
+        enc.copy_buffer_to_buffer(&self.bufs.state, bytes, &self.bufs.readback, 0, bytes);
+        self.ctx.queue.submit([enc.finish()]);
+        read_u32(&self.ctx, &self.bufs.readback, bytes)
+    }
+
+    /// Runs a prompt: `ids[b]` are sequence b's new tokens (every sequence the same count),
+    /// appended after what the cache holds, in chunks of at most `prompt_max` tokens (one
+    /// recording each; one in all for a prompt that fits). Returns each sequence's next token.
+    pub fn prompt(&mut self, ids: &[Vec<u32>]) -> Result<Vec<u32>> {
+        let batch = self.opts.batch as usize;
+        let n = ids.first().map_or(0, |s| s.len());
+        if ids.len() != batch || ids.iter().any(|s| s.len() != n) || n == 0 {
+            return Err(ChatError::Argument(format!(
+                "a prompt needs {batch} sequences of the same positive length"
+            )));
+        }
+        let len = self.len();
+        let cap = self.opts.capacity;
+        if len as u64 + n as u64 > cap as u64 {
+            return Err(ChatError::PromptTooLong {
+                tokens: n as u32,
+                len,
+                capacity: cap,
+            });
+        }
+        let mut next = Vec::new();
+        let step = self.opts.prompt_max as usize;
+        for start in (0..n).step_by(step) {
+            let m = (n - start).min(step);
+            let flat: Vec<u32> = ids.iter().flat_map(|s| &s[start..start + m]).copied().collect();
+            self.ctx
+                .queue
+                .write_buffer(&self.bufs.ids, 0, bytemuck::cast_slice(&flat));
+            self.write_params(&self.bufs.prompt_params, m as u32, 0);
+            let m = m as u32;
+            if !self.chunks.contains_key(&m) {
+                let b = &self.bufs;
+                let io = self
+                    .cache
+                    .chunk_io(&b.k, &b.v, m, InputType::F16, &b.q, &b.attn)?;
+                self.chunks.insert(m, io);
+            }
+            next = self.run(Some(m))?;
+        }
+        Ok(next)
+    }
+
+    /// One decode step of every sequence: the tokens sampled last go in, the next come out.
+    pub fn step(&mut self) -> Result<Vec<u32>> {
+        if self.len() >= self.opts.capacity {
+            return Err(ChatError::CacheFull {
+                capacity: self.opts.capacity,
+            });
+        }
+        self.run(None)
+    }
+
+    /// Records one decode step into `enc` without reading anything back (for timing many
+    /// steps in one submit); returns its dispatches.
+    pub fn record_step(&mut self, enc: &mut wgpu::CommandEncoder) -> Result<Dispatches> {
+        if self.len() >= self.opts.capacity {
+            return Err(ChatError::CacheFull {
+                capacity: self.opts.capacity,
+            });
+        }
+        let before = self.ctx.stats().dispatches;
+        let own = {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            Self::record(&mut self.cache, &mut pass, &self.decode, self.opts.batch, &self.step_io, None)?
+        };
+        Ok(Dispatches {
+            own,
+            kvq: self.ctx.stats().dispatches - before,
+        })
+    }
+
+    /// Empties every sequence: the cache and the positions.
+    pub fn reset(&mut self) -> Result<()> {
+        for s in 0..self.opts.batch {
+            self.cache.reset(s)?;
+        }
+        let zeros = vec![0u32; 3 * self.opts.batch as usize];
+        self.ctx
+            .queue
+            .write_buffer(&self.bufs.state, 0, bytemuck::cast_slice(&zeros));
+        Ok(())
+    }
+
+    /// Sets every sequence's position and the cache's lengths to `len` without running the
+    /// model (the cache's rows keep whatever they hold): for timing a decode step at a
+    /// context without computing the prompt. `fill` appends that many rows of random K/V first.
+    pub fn fill_random(&mut self, len: u32) -> Result<()> {
+        self.reset()?;
+        let c = &self.weights.cfg;
+        let chunk = len.clamp(1, 4096);
+        let b = self.opts.batch as u64;
+        let words = b * chunk as u64 * c.kv_heads as u64 * c.head_dim as u64 / 2;
+        let data: Vec<u32> = (0..words as u32)
+            .map(|i| {
+                let h = i.wrapping_mul(2654435761) ^ 0x5bd1e995;
+                let a = half::f16::from_f32(((h >> 8) & 0xffff) as f32 / 65536.0 - 0.5).to_bits();
+                let z = half::f16::from_f32(((h >> 16) & 0xff) as f32 / 256.0 - 0.5).to_bits();
+                a as u32 | (z as u32) << 16
+            })
+            .collect();
+        use wgpu::BufferUsages as U;
+        let kb = buffer(&self.ctx, "fill k", words * 4, U::STORAGE | U::COPY_DST);
+        let vb = buffer(&self.ctx, "fill v", words * 4, U::STORAGE | U::COPY_DST);
+        self.ctx.queue.write_buffer(&kb, 0, bytemuck::cast_slice(&data));
+        self.ctx.queue.write_buffer(&vb, 0, bytemuck::cast_slice(&data));
+        let mut filled = 0;
+        while filled < len {
+            let n = chunk.min(len - filled);
+            let input = self.cache.append_input(&kb, &vb, n, InputType::F16)?;
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for l in 0..c.layers {
+                    self.cache.append_in_pass(&mut pass, l, &input)?;
+                }
+            }
+            self.ctx.queue.submit([enc.finish()]);
+            filled += n;
+        }
+        let mut state = vec![len; self.opts.batch as usize];
+        state.extend(vec![1u32; self.opts.batch as usize]);
+        state.extend(vec![0u32; self.opts.batch as usize]);
+        self.ctx
+            .queue
+            .write_buffer(&self.bufs.state, 0, bytemuck::cast_slice(&state));
+        self.wait()
+    }
+
+    /// Waits for the GPU to finish what was submitted.
+    pub fn wait(&self) -> Result<()> {
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| ChatError::Gpu(e.to_string()))
+    }
+
+    /// The logits the last recording computed, `[batch, vocab]` (blocking; for tests).
+    pub fn read_logits(&self) -> Result<Vec<f32>> {
+        let bytes = self.bufs.logits.size();
+        let staging = buffer(
+            &self.ctx,
+            "logits readback",
+            bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&self.bufs.logits, 0, &staging, 0, bytes);
+        self.ctx.queue.submit([enc.finish()]);
+        Ok(bytemuck::cast_slice(&read_bytes(&self.ctx, &staging, bytes)?).to_vec())
+    }
+
+    /// Times one kind of product alone, as the decode step records it, over every layer (the
+    /// output matrix: once), `reps` passes in one submit; returns the bytes of weights one pass
+    /// reads and the seconds a pass took.
+    pub fn time_products(&self, which: Product, reps: u32) -> Result<(u64, f64)> {
+        let b = &self.bufs;
+        let w = &self.weights;
+        let p = &b.decode_params;
+        let mut ops = Vec::new();
+        let mut bytes = 0;
+        if which == Product::Output {
+            ops.push(self.product(false, w.output(), &b.h, Some(&w.out_norm), 0, &b.logits, p)?);
+            bytes += w.output().bytes();
+        }
+        for layer in &w.layers {
+            let op = match which {
+                Product::Qkv => (&layer.qkv, &b.h, Some(&layer.attn_norm), 0, &b.qkv),
+                Product::O => (&layer.o, &b.attn, None, 1, &b.h),
+                Product::GateUp => (&layer.gate_up, &b.h, Some(&layer.ffn_norm), 2, &b.act),
+                Product::Down => (&layer.down, &b.act, None, 1, &b.h),
+                Product::Output => break,
+            };
+            bytes += op.0.bytes();
+            ops.push(self.product(false, op.0, op.1, op.2, op.3, op.4, p)?);
+        }
+        let run = |reps: u32| -> Result<f64> {
+            let t = std::time::Instant::now();
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            for _ in 0..reps {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for op in &ops {
+                    if let Op::Kernel { kernel, bind, grid } = op {
+                        let [x, y, z] = grid.resolve(self.opts.batch);
+                        pass.set_pipeline(&kernel.pipeline);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(x, y, z);
+                    }
+                }
+            }
+            self.ctx.queue.submit([enc.finish()]);
+            self.wait()?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run(2)?;
+        Ok((bytes, run(reps)? / reps as f64))
+    }
+
+    /// Bytes of the activations and the engine's state on the device.
+    pub fn activation_bytes(&self) -> u64 {
+        self.bufs.bytes()
+    }
+
+    /// Pipelines the engine built.
+    pub fn pipelines(&self) -> usize {
+        self.kernels.count()
+    }
+
+    /// A kernel set for `ctx`'s device (random weights are made with its fill kernel).
+    pub fn kernels_for(ctx: &GpuContext) -> Kernels {
+        Kernels::new(&ctx.device)
+    }
+}
+
+fn read_bytes(ctx: &GpuContext, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    let slice = buf.slice(..bytes);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| ChatError::Gpu(e.to_string()))?;
+    rx.recv()
+        .map_err(|e| ChatError::Gpu(e.to_string()))?
+        .map_err(|e| ChatError::Gpu(e.to_string()))?;
+    let out = slice
+        .get_mapped_range()
+        .map_err(|e| ChatError::Gpu(e.to_string()))?
+        .to_vec();
+    buf.unmap();
+    Ok(out)
+}
+
+fn read_u32(ctx: &GpuContext, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
+    Ok(bytemuck::cast_slice(&read_bytes(ctx, buf, bytes)?).to_vec())
+}
