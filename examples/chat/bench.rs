@@ -16,7 +16,7 @@ use kvq::GpuContext;
 use kvq::memory::fmt_bytes;
 
 use crate::Args;
-use crate::engine::{Engine, Options, Product, Sampling};
+use crate::engine::{Engine, Options, Product, Sampling, default_tune};
 use crate::error::{ChatError, Result};
 use crate::gguf::Gguf;
 use crate::llama::{Config, Weights};
@@ -189,8 +189,8 @@ fn load_weights(ctx: &GpuContext, args: &Args) -> Result<Weights> {
     match &args.shape {
         Some(name) => {
             let cfg = Config::shape(name)?;
-            let e = Engine::kernels_for(ctx);
-            Weights::random(&ctx.device, &ctx.queue, &e, &cfg, args.weights.unwrap_or(Format::Q4))
+            let k = crate::kernels::Kernels::new(&ctx.device);
+            Weights::random(&ctx.device, &ctx.queue, &k, &cfg, args.weights.unwrap_or(Format::Q4))
         }
         None => {
             let path = crate::model_path(args.model.clone())?;
@@ -223,104 +223,117 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
     eprintln!("measured read bandwidth: {bw:.0} GB/s");
     let max_ctx = *args.contexts.iter().max().unwrap_or(&1024);
     let (warm, steps) = (3, args.steps);
-    let prompt_tokens = if args.prompt_tokens > 0 {
-        args.prompt_tokens
-    } else {
-        4096
-    };
-    // The products alone (batch 1, every layer's matrix of one kind in one pass).
-    {
-        let e = Engine::new(ctx, weights.clone(), Options::new(64, args.codecs[0]))?;
-        let mut line = String::from("matrix-vector products alone (batch 1, all layers):");
-        for (name, p) in [
-            ("qkv", Product::Qkv),
-            ("o", Product::O),
-            ("gate_up", Product::GateUp),
-            ("down", Product::Down),
-            ("logits", Product::Output),
-        ] {
-            let (bytes, s) = e.time_products(p, 10)?;
+    let prompt_tokens = args.prompt_tokens;
+    // The products alone, every layer's matrix of one kind in one pass, per batch: the
+    // matrix-vector kernel's shapes tried and the fastest kept.
+    let kernels = Arc::new(crate::kernels::Kernels::new(&ctx.device));
+    let mut tunes = Vec::new();
+    for &batch in &args.batches {
+        let mut o = Options::new(64, args.codecs[0]);
+        o.batch = batch;
+        let mut e = Engine::with_kernels(ctx, weights.clone(), o, kernels.clone())?;
+        let mut tune = [None; 5];
+        let mut line = format!("products alone, batch {batch} (weights read / time = GB/s, % of the read bandwidth; lanes x rows):");
+        for p in Product::ALL {
+            let k = e.operands_cols(p);
+            let (l0, _) = default_tune(k);
+            let mut best: Option<((u32, u32), u64, f64)> = None;
+            // (A CPU adapter takes the default: each variant is a compile of seconds there.)
+            let (lanes_tried, rows_tried) = match ctx.is_cpu() {
+                true => (vec![l0], vec![default_tune(k).1]),
+                false => (vec![l0 / 2, l0, l0 * 2], vec![2, 4, 8]),
+            };
+            for &lanes in &lanes_tried {
+                for &r in &rows_tried {
+                    // (The lanes' sums need 256 x batch x rows floats of workgroup memory.)
+                    let wg_bytes = 256 * batch * r * 4 + 16;
+                    if !(4..=64).contains(&lanes)
+                        || (p == Product::GateUp && r % 2 == 1)
+                        || (k / 32) < lanes
+                        || wg_bytes > ctx.device.limits().max_compute_workgroup_storage_size
+                    {
+                        continue;
+                    }
+                    let (bytes, s) = match e.time_products(p, Some((lanes, r)), 8) {
+                        Ok(t) => t,
+                        Err(err) => {
+                            eprintln!("{} {lanes}x{r}: {err}", p.name());
+                            continue;
+                        }
+                    };
+                    if best.is_none_or(|b| s < b.2) {
+                        best = Some(((lanes, r), bytes, s));
+                    }
+                }
+            }
+            let Some((t, bytes, s)) = best else { continue };
+            tune[p.index()] = Some(t);
             let gbps = bytes as f64 / s / 1e9;
             line += &format!(
-                " {name} {} in {:.3} ms = {gbps:.0} GB/s ({:.0} %);",
+                " {} {} / {:.3} ms = {gbps:.0} ({:.0} %, {}x{});",
+                p.name(),
                 fmt_bytes(bytes),
                 s * 1e3,
-                100.0 * gbps / bw
+                100.0 * gbps / bw,
+                t.0,
+                t.1
             );
         }
         eprintln!("{line}");
+        tunes.push((batch, tune));
     }
     let mut rows: Vec<Row> = Vec::new();
+    // The CSV gets each row as it is measured (a run cut short keeps what it measured).
+    let mut csv = match &args.csv {
+        Some(p) => Some(
+            std::fs::File::create(p)
+                .and_then(|mut f| writeln!(f, "{CSV_HEADER}").map(|_| f))
+                .map_err(|e| ChatError::Io { path: p.clone(), source: e })?,
+        ),
+        None => None,
+    };
     for &batch in &args.batches {
         for codecs in &args.codecs {
             let mut opts = Options::new(max_ctx + warm + 2 * steps + 8, *codecs);
             opts.batch = batch;
-            opts.exact = args.exact;
-            opts.prompt_max = if batch == 1 { prompt_tokens } else { 16 };
-            let mut e = match Engine::new(ctx, weights.clone(), opts) {
+            // Exact tokens for caches with codes of at most 4 bits, as the README recommends
+            // (the f16 and 8-bit caches go without).
+            let low = |c: kvq::Codec| c != kvq::Codec::NONE && c.bits <= 4;
+            if low(codecs.k) || low(codecs.v) {
+                opts.exact = args.exact;
+            }
+            let name = match opts.exact.any() {
+                true => format!("{} [sink{}+recent{}]", codecs.name(), opts.exact.sink, opts.exact.recent),
+                false => codecs.name(),
+            };
+            opts.prompt_max = if batch == 1 { prompt_tokens.max(64) } else { 16 };
+            opts.tune = tunes.iter().find(|t| t.0 == batch).map_or([None; 5], |t| t.1);
+            let mut e = match Engine::with_kernels(ctx, weights.clone(), opts, kernels.clone()) {
                 Ok(e) => e,
                 Err(err) => {
-                    eprintln!("skipped {} batch {batch}: {err}", codecs.name());
+                    eprintln!("skipped {name} batch {batch}: {err}");
                     continue;
                 }
             };
             e.set_sampling(Sampling::GREEDY);
             for &c in &args.contexts {
-                e.fill_random(c)?;
-                let (step_ms, gpu_ms) = time_decode(&mut e, warm, steps)?;
-                let d = e.last_dispatches;
-                let layout = e.cache.layout();
-                let kv_bytes = batch as u64
-                    * cfg.layers as u64
-                    * cfg.kv_heads as u64
-                    * c as u64
-                    * (layout.k_row_bytes + layout.v_row_bytes);
-                let mut row = Row {
-                    codec: codecs.name(),
-                    batch,
-                    ctx: c,
-                    step_ms,
-                    gpu_ms,
-                    prompt_tok_s: 0.0,
-                    prompt_tokens: 0,
-                    weight_bytes: e.weights.bytes_per_step(batch),
-                    kv_bytes,
-                    store_bytes: e.cache.memory().store(),
-                    dispatches: d.own + d.kvq,
-                };
-                if batch == 1 && prompt_tokens > 0 {
-                    let p = prompt_tokens.min(c);
-                    let ids: Vec<u32> = (0..p).map(|i| (i * 7919 + 13) % cfg.vocab).collect();
-                    // Warm: the chunk's kernels built and the GPU's clocks up.
-                    e.fill_random(0)?;
-                    e.prompt(&[ids[..p.min(64) as usize].to_vec()])?;
-                    e.fill_random(c - p)?;
-                    let s = Instant::now();
-                    e.prompt(&[ids.clone()])?;
-                    row.prompt_tok_s = p as f64 / s.elapsed().as_secs_f64();
-                    row.prompt_tokens = p;
-                }
-                eprintln!(
-                    "{} batch {batch} ctx {c}: step {:.3} ms ({:.1} tok/s), gpu {:.3} ms, {:.2}x the read bound{}",
-                    row.codec,
-                    row.step_ms,
-                    row.tok_s(),
-                    row.gpu_ms,
-                    row.bound_ratio(bw),
-                    if row.prompt_tokens > 0 {
-                        format!(", prompt {} tokens {:.0} tok/s", row.prompt_tokens, row.prompt_tok_s)
-                    } else {
-                        String::new()
+                let row = match point(&mut e, args, &cfg, &name, batch, c, prompt_tokens, bw) {
+                    Ok(r) => r,
+                    Err(err) => {
+                        eprintln!("{name} batch {batch} ctx {c}: {err}");
+                        continue;
                     }
-                );
+                };
+                if let (Some(f), Some(p)) = (csv.as_mut(), &args.csv) {
+                    csv_line(f, &row, &rows, &cfg, &ctx.info.name, bw, &fmt)
+                        .map_err(|e| ChatError::Io { path: p.clone(), source: e })?;
+                }
                 rows.push(row);
             }
         }
     }
     print_table(&rows, &cfg, &ctx.info.name, bw, &fmt);
     if let Some(p) = &args.csv {
-        write_csv(p, &rows, &cfg, &ctx.info.name, bw, &fmt)
-            .map_err(|e| ChatError::Io { path: p.clone(), source: e })?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &args.plot {
@@ -329,6 +342,71 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
         eprintln!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// One (codec, batch, context) point of an engine.
+#[allow(clippy::too_many_arguments)]
+fn point(
+    e: &mut Engine,
+    args: &Args,
+    cfg: &Config,
+    name: &str,
+    batch: u32,
+    c: u32,
+    prompt_tokens: u32,
+    bw: f64,
+) -> Result<Row> {
+    let (warm, steps) = (3, args.steps);
+    let codecs = &e.opts.codecs.clone();
+    e.fill_random(c)?;
+    let (step_ms, gpu_ms) = time_decode(e, warm, steps)?;
+    let d = e.last_dispatches;
+    let layout = e.cache.layout();
+    let kv_bytes = batch as u64
+        * cfg.layers as u64
+        * cfg.kv_heads as u64
+        * c as u64
+        * (layout.k_row_bytes + layout.v_row_bytes);
+    let mut row = Row {
+        codec: name.to_string(),
+        batch,
+        ctx: c,
+        step_ms,
+        gpu_ms,
+        prompt_tok_s: 0.0,
+        prompt_tokens: 0,
+        weight_bytes: e.weights.bytes_per_step(batch),
+        kv_bytes,
+        store_bytes: e.cache.memory().store(),
+        dispatches: d.own + d.kvq,
+    };
+    let timed_prompt = args.prompt_codecs.as_ref().is_none_or(|l| l.contains(codecs));
+    if batch == 1 && prompt_tokens > 0 && timed_prompt {
+        let p = prompt_tokens.min(c);
+        let ids: Vec<u32> = (0..p).map(|i| (i * 7919 + 13) % cfg.vocab).collect();
+        // Warm: the chunk's kernels built and the GPU's clocks up.
+        e.fill_random(0)?;
+        e.prompt(&[ids[..p.min(64) as usize].to_vec()])?;
+        e.fill_random(c - p)?;
+        let s = Instant::now();
+        e.prompt(&[ids.clone()])?;
+        row.prompt_tok_s = p as f64 / s.elapsed().as_secs_f64();
+        row.prompt_tokens = p;
+    }
+    eprintln!(
+        "{} batch {batch} ctx {c}: step {:.3} ms ({:.1} tok/s), gpu {:.3} ms, {:.2}x the read bound{}",
+        row.codec,
+        row.step_ms,
+        row.tok_s(),
+        row.gpu_ms,
+        row.bound_ratio(bw),
+        if row.prompt_tokens > 0 {
+            format!(", prompt {} tokens {:.0} tok/s", row.prompt_tokens, row.prompt_tok_s)
+        } else {
+            String::new()
+        }
+    );
+    Ok(row)
 }
 
 fn none_tok_s(rows: &[Row], r: &Row) -> Option<f64> {
@@ -371,45 +449,45 @@ fn print_table(rows: &[Row], cfg: &Config, device: &str, bw: f64, fmt: &str) {
     }
 }
 
-fn write_csv(
-    path: &std::path::Path,
-    rows: &[Row],
+const CSV_HEADER: &str = "model,weights,device,codec,batch,ctx,step_ms,gpu_ms,decode_tok_s,gpu_tok_s,vs_none,prompt_tokens,prompt_tok_s,weight_bytes,kv_bytes,read_gbps,bw_gbps,bound_ratio,store_bytes,dispatches";
+
+/// One CSV line for `r` (`before`: the rows measured earlier, `none`'s among them).
+fn csv_line(
+    f: &mut std::fs::File,
+    r: &Row,
+    before: &[Row],
     cfg: &Config,
     device: &str,
     bw: f64,
     fmt: &str,
 ) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
+    let q = |s: &str| if s.contains(',') { format!("\"{s}\"") } else { s.to_string() };
+    let vs = match r.codec == "none" {
+        true => "1.000".to_string(),
+        false => none_tok_s(before, r).map_or(String::new(), |n| format!("{:.3}", r.gpu_tok_s() / n)),
+    };
     writeln!(
         f,
-        "model,weights,device,codec,batch,ctx,step_ms,gpu_ms,decode_tok_s,gpu_tok_s,vs_none,prompt_tokens,prompt_tok_s,weight_bytes,kv_bytes,read_gbps,bw_gbps,bound_ratio,store_bytes,dispatches"
+        "{},{fmt},{},{},{},{},{:.4},{:.4},{:.2},{:.2},{vs},{},{:.1},{},{},{:.1},{bw:.1},{:.3},{},{}",
+        cfg.name,
+        q(device),
+        q(&r.codec),
+        r.batch,
+        r.ctx,
+        r.step_ms,
+        r.gpu_ms,
+        r.tok_s(),
+        r.gpu_tok_s(),
+        r.prompt_tokens,
+        r.prompt_tok_s,
+        r.weight_bytes,
+        r.kv_bytes,
+        r.bytes() as f64 / r.gpu_ms / 1e6,
+        r.bound_ratio(bw),
+        r.store_bytes,
+        r.dispatches
     )?;
-    for r in rows {
-        let q = |s: &str| if s.contains(',') { format!("\"{s}\"") } else { s.to_string() };
-        writeln!(
-            f,
-            "{},{fmt},{},{},{},{},{:.4},{:.4},{:.2},{:.2},{},{},{:.1},{},{},{:.1},{bw:.1},{:.3},{},{}",
-            cfg.name,
-            q(device),
-            q(&r.codec),
-            r.batch,
-            r.ctx,
-            r.step_ms,
-            r.gpu_ms,
-            r.tok_s(),
-            r.gpu_tok_s(),
-            none_tok_s(rows, r).map_or(String::new(), |n| format!("{:.3}", r.gpu_tok_s() / n)),
-            r.prompt_tokens,
-            r.prompt_tok_s,
-            r.weight_bytes,
-            r.kv_bytes,
-            r.bytes() as f64 / r.gpu_ms / 1e6,
-            r.bound_ratio(bw),
-            r.store_bytes,
-            r.dispatches
-        )?;
-    }
-    Ok(())
+    f.flush()
 }
 
 /// Decode tokens/s (GPU, steps submitted together) against context, log-log: one colour per

@@ -30,8 +30,6 @@ pub struct Chat<'a> {
 
 /// What one turn did.
 pub struct Turn {
-    /// The reply's text.
-    pub text: String,
     /// The reply's token ids (the stop token left out).
     pub ids: Vec<u32>,
     /// Tokens of the turn's prompt chunk.
@@ -125,7 +123,6 @@ impl<'a> Chat<'a> {
         }
         let _ = writeln!(out);
         Ok(Turn {
-            text,
             ids: reply,
             prompt_tokens: ids.len() as u32,
             prompt_s,

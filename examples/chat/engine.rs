@@ -18,7 +18,7 @@ use kvq::{CacheSpec, ChunkIo, ExactTokens, GpuContext, InputType, KvCache, KvCod
 
 use crate::error::{ChatError, Result};
 use crate::kernels::{Const, Kernel, Kernels, Kind};
-use crate::llama::{Matrix, Rope, Weights};
+use crate::llama::{Layer, Matrix, Rope, Weights};
 
 /// How a sequence's next token is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,10 +53,9 @@ pub struct Options {
     pub codecs: KvCodecs,
     /// Exact tokens (`CacheSpec::with_exact`).
     pub exact: ExactTokens,
-    /// Lanes per row of the matrix-vector kernels (None: by the row length).
-    pub lanes: Option<u32>,
-    /// Rows per lane group of the matrix-vector kernels.
-    pub rows_per_lane: u32,
+    /// Per [`Product`] (by [`Product::index`]): the matrix-vector kernel's lanes per row and
+    /// rows per lane group; None: [`default_tune`].
+    pub tune: [Option<(u32, u32)>; 5],
 }
 
 impl Options {
@@ -68,8 +67,7 @@ impl Options {
             prompt_max: capacity,
             codecs,
             exact: ExactTokens::NONE,
-            lanes: None,
-            rows_per_lane: 2,
+            tune: [None; 5],
         }
     }
 }
@@ -161,7 +159,7 @@ impl Buffers {
     }
 }
 
-/// The products [`Engine::time_products`] times.
+/// The matrix products of the forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Product {
     /// The fused Q/K/V product (RMSNorm inside).
@@ -174,6 +172,27 @@ pub enum Product {
     Down,
     /// The logits (final RMSNorm inside).
     Output,
+}
+
+impl Product {
+    /// Every product, in [`Product::index`] order.
+    pub const ALL: [Product; 5] = [
+        Product::Qkv,
+        Product::O,
+        Product::GateUp,
+        Product::Down,
+        Product::Output,
+    ];
+
+    /// Its index in [`Options::tune`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        ["qkv", "o", "gate_up", "down", "logits"][self.index()]
+    }
 }
 
 /// Dispatches of one recording.
@@ -195,7 +214,7 @@ pub struct Engine {
     pub cache: KvCache,
     /// What it was built for.
     pub opts: Options,
-    kernels: Kernels,
+    kernels: Arc<Kernels>,
     bufs: Buffers,
     decode: Vec<Op>,
     prompt: Vec<Op>,
@@ -215,17 +234,28 @@ fn buffer(ctx: &GpuContext, label: &str, bytes: u64, usage: wgpu::BufferUsages) 
     })
 }
 
-/// Lanes per row of the matrix-vector kernel for rows of `k` values: about 4 blocks each,
-/// 4 to 64 lanes.
-fn lanes_for(k: u32) -> u32 {
+/// The matrix-vector kernel's lanes per row and rows per lane group for rows of `k` values:
+/// about 4 blocks per lane (4 to 64 lanes), 4 rows per lane group (each block of x read once
+/// for 4 rows).
+pub fn default_tune(k: u32) -> (u32, u32) {
     let per = (k / 32 / 4).max(1);
-    (1u32 << (31 - per.leading_zeros())).clamp(4, 64)
+    ((1u32 << (31 - per.leading_zeros())).clamp(4, 64), 4)
 }
 
 impl Engine {
     /// Builds the engine: the cache, the activations and every kernel and bind group of the
     /// decode step and of a prompt (nothing is compiled or allocated after this).
     pub fn new(ctx: &GpuContext, weights: Arc<Weights>, opts: Options) -> Result<Engine> {
+        Self::with_kernels(ctx, weights, opts, Arc::new(Kernels::new(&ctx.device)))
+    }
+
+    /// [`Engine::new`] with the pipelines of `kernels` (built once for several engines).
+    pub fn with_kernels(
+        ctx: &GpuContext,
+        weights: Arc<Weights>,
+        opts: Options,
+        kernels: Arc<Kernels>,
+    ) -> Result<Engine> {
         let cfg = weights.cfg.clone();
         cfg.check()?;
         if opts.batch == 0 || opts.capacity == 0 || opts.prompt_max == 0 {
@@ -278,7 +308,7 @@ impl Engine {
         let step_io = cache.step_io(&bufs.k, &bufs.v, 1, InputType::F16, &bufs.q, &bufs.attn)?;
         let mut e = Engine {
             ctx: ctx.clone(),
-            kernels: Kernels::new(&ctx.device),
+            kernels,
             weights,
             cache,
             opts: Options { prompt_max, ..opts },
@@ -317,19 +347,34 @@ impl Engine {
         self.write_params(&self.bufs.decode_params, 1, self.opts.batch);
     }
 
-    /// The product of `m` over `x` into `y` (`norm`: RMSNorm(x) · gain first; `epi`: store,
-    /// add, SwiGLU), as a matrix-vector kernel for the batch (decode) or a matrix-matrix
-    /// kernel for a prompt's rows.
+    /// The operands of `which` in `layer` (the output product: the model's): the matrix, its
+    /// input, the RMSNorm gain applied to the input (if any), the epilogue (0 store, 1 add,
+    /// 2 SwiGLU) and the output.
+    fn operands<'a>(
+        &'a self,
+        which: Product,
+        layer: &'a Layer,
+    ) -> (&'a Matrix, &'a wgpu::Buffer, Option<&'a wgpu::Buffer>, u32, &'a wgpu::Buffer) {
+        let (b, w) = (&self.bufs, &self.weights);
+        match which {
+            Product::Qkv => (&layer.qkv, &b.h, Some(&layer.attn_norm), 0, &b.qkv),
+            Product::O => (&layer.o, &b.attn, None, 1, &b.h),
+            Product::GateUp => (&layer.gate_up, &b.h, Some(&layer.ffn_norm), 2, &b.act),
+            Product::Down => (&layer.down, &b.act, None, 1, &b.h),
+            Product::Output => (w.output(), &b.h, Some(&w.out_norm), 0, &b.logits),
+        }
+    }
+
+    /// The product `which` of `layer`, as a matrix-vector kernel for the batch (decode) or a
+    /// matrix-matrix kernel for a prompt's rows, reading `params`.
     fn product(
         &self,
         prompt: bool,
-        m: &Matrix,
-        x: &wgpu::Buffer,
-        norm: Option<&wgpu::Buffer>,
-        epi: u32,
-        y: &wgpu::Buffer,
+        which: Product,
+        layer: &Layer,
         params: &wgpu::Buffer,
     ) -> Result<Op> {
+        let (m, x, norm, epi, y) = self.operands(which, layer);
         let eps = self.weights.cfg.eps as f32;
         let mut consts = vec![
             ("K", Const::U(m.cols)),
@@ -359,8 +404,7 @@ impl Engine {
                 },
             });
         }
-        let tpr = self.opts.lanes.unwrap_or_else(|| lanes_for(m.cols));
-        let r = self.opts.rows_per_lane;
+        let (tpr, r) = self.opts.tune[which.index()].unwrap_or_else(|| default_tune(m.cols));
         let rows = 256 / tpr * r;
         consts.extend([
             ("M", Const::U(self.opts.batch)),
@@ -430,7 +474,7 @@ impl Engine {
             if prompt {
                 ops.push(rms_op());
             }
-            ops.push(self.product(prompt, &layer.qkv, &b.h, Some(&layer.attn_norm), 0, &b.qkv, params)?);
+            ops.push(self.product(prompt, Product::Qkv, layer, params)?);
             ops.push(Op::Kernel {
                 kernel: rope.clone(),
                 bind: self.kernels.bind(
@@ -443,16 +487,16 @@ impl Engine {
                 },
             });
             ops.push(Op::Attention(l as u32));
-            ops.push(self.product(prompt, &layer.o, &b.attn, None, 1, &b.h, params)?);
+            ops.push(self.product(prompt, Product::O, layer, params)?);
             if prompt {
                 ops.push(rms_op());
             }
-            ops.push(self.product(prompt, &layer.gate_up, &b.h, Some(&layer.ffn_norm), 2, &b.act, params)?);
-            ops.push(self.product(prompt, &layer.down, &b.act, None, 1, &b.h, params)?);
+            ops.push(self.product(prompt, Product::GateUp, layer, params)?);
+            ops.push(self.product(prompt, Product::Down, layer, params)?);
         }
         // The logits of each sequence's last row, then the sampler.
-        let w = &self.weights;
-        ops.push(self.product(false, w.output(), &b.h, Some(&w.out_norm), 0, &b.logits, params)?);
+        let last = &self.weights.layers[0];
+        ops.push(self.product(false, Product::Output, last, params)?);
         let k = self.kernels.get(
             Kind::Sample,
             &[("V", Const::U(c.vocab)), ("B", Const::U(self.opts.batch))],
@@ -685,29 +729,34 @@ impl Engine {
         Ok(bytemuck::cast_slice(&read_bytes(&self.ctx, &staging, bytes)?).to_vec())
     }
 
-    /// Times one kind of product alone, as the decode step records it, over every layer (the
-    /// output matrix: once), `reps` passes in one submit; returns the bytes of weights one pass
-    /// reads and the seconds a pass took.
-    pub fn time_products(&self, which: Product, reps: u32) -> Result<(u64, f64)> {
-        let b = &self.bufs;
-        let w = &self.weights;
-        let p = &b.decode_params;
+    /// Times one kind of product alone, as the decode step records it but with `tune` (lanes
+    /// per row, rows per lane group; None: [`default_tune`]), over every layer (the output
+    /// matrix: once), `reps` passes in one submit; returns the bytes of weights one pass reads
+    /// and the seconds a pass took.
+    pub fn time_products(
+        &mut self,
+        which: Product,
+        tune: Option<(u32, u32)>,
+        reps: u32,
+    ) -> Result<(u64, f64)> {
+        let keep = self.opts.tune[which.index()];
+        self.opts.tune[which.index()] = tune;
+        let r = self.time_products_now(which, reps);
+        self.opts.tune[which.index()] = keep;
+        r
+    }
+
+    fn time_products_now(&self, which: Product, reps: u32) -> Result<(u64, f64)> {
+        let p = &self.bufs.decode_params;
+        let layers: &[Layer] = match which {
+            Product::Output => &self.weights.layers[..1],
+            _ => &self.weights.layers,
+        };
         let mut ops = Vec::new();
         let mut bytes = 0;
-        if which == Product::Output {
-            ops.push(self.product(false, w.output(), &b.h, Some(&w.out_norm), 0, &b.logits, p)?);
-            bytes += w.output().bytes();
-        }
-        for layer in &w.layers {
-            let op = match which {
-                Product::Qkv => (&layer.qkv, &b.h, Some(&layer.attn_norm), 0, &b.qkv),
-                Product::O => (&layer.o, &b.attn, None, 1, &b.h),
-                Product::GateUp => (&layer.gate_up, &b.h, Some(&layer.ffn_norm), 2, &b.act),
-                Product::Down => (&layer.down, &b.act, None, 1, &b.h),
-                Product::Output => break,
-            };
-            bytes += op.0.bytes();
-            ops.push(self.product(false, op.0, op.1, op.2, op.3, op.4, p)?);
+        for layer in layers {
+            bytes += self.operands(which, layer).0.bytes();
+            ops.push(self.product(false, which, layer, p)?);
         }
         let run = |reps: u32| -> Result<f64> {
             let t = std::time::Instant::now();
@@ -731,6 +780,11 @@ impl Engine {
         Ok((bytes, run(reps)? / reps as f64))
     }
 
+    /// Columns of the matrix of product `which`.
+    pub fn operands_cols(&self, which: Product) -> u32 {
+        self.operands(which, &self.weights.layers[0]).0.cols
+    }
+
     /// Bytes of the activations and the engine's state on the device.
     pub fn activation_bytes(&self) -> u64 {
         self.bufs.bytes()
@@ -741,9 +795,9 @@ impl Engine {
         self.kernels.count()
     }
 
-    /// A kernel set for `ctx`'s device (random weights are made with its fill kernel).
-    pub fn kernels_for(ctx: &GpuContext) -> Kernels {
-        Kernels::new(&ctx.device)
+    /// The engine's pipelines (to share with another engine: [`Engine::with_kernels`]).
+    pub fn kernels(&self) -> Arc<Kernels> {
+        self.kernels.clone()
     }
 }
 

@@ -45,7 +45,7 @@ const USAGE: &str = "usage: chat [--model GGUF | --shape NAME] [--codecs LIST] [
             [--ctx N] [--prompt TEXT]... [--system TEXT] [--max-tokens N]
             [--temperature T] [--top-p P] [--seed S] [--weights q4|q8|f16]
             [--bench [--batch LIST] [--contexts LIST] [--steps N] [--prompt-tokens N]
-                     [--csv FILE] [--plot FILE.svg]]
+                     [--prompt-codecs LIST] [--csv FILE] [--plot FILE.svg]]
   --model GGUF     a Llama-architecture GGUF (default $KVQ_MODEL, else
                    .models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by bench/fetch-smollm2.sh)
   --shape NAME     instead, a model of this shape with random weights made on the GPU:
@@ -61,7 +61,12 @@ const USAGE: &str = "usage: chat [--model GGUF | --shape NAME] [--codecs LIST] [
   --weights FMT    convert every matrix to FMT at load (f16: dequantized once) instead of
                    dequantizing the file's blocks in the kernels; random shapes: their format
                    (default q4)
-  --bench          decode and prompt tokens/s per codec, context and batch (bench.rs)";
+  --bench          decode and prompt tokens/s per codec, context and batch (bench.rs): the
+                   cache filled to each of --contexts (default 1024,4096,32768) with random K/V,
+                   --steps decode steps (default 20) per point for each of --batch (default
+                   1,4); --exact goes to the codecs of at most 4 bits; a prompt point (batch 1)
+                   of min(context, --prompt-tokens) tokens (default 4096; 0: none) for the
+                   --prompt-codecs (default all); --csv, --plot (tokens/s against context)";
 
 /// Parsed command line.
 pub struct Args {
@@ -80,6 +85,7 @@ pub struct Args {
     pub contexts: Vec<u32>,
     pub steps: u32,
     pub prompt_tokens: u32,
+    pub prompt_codecs: Option<Vec<KvCodecs>>,
     pub csv: Option<PathBuf>,
     pub plot: Option<PathBuf>,
 }
@@ -114,7 +120,8 @@ fn parse_args() -> Result<Args> {
         batches: vec![1, 4],
         contexts: vec![1024, 4096, 32768],
         steps: 20,
-        prompt_tokens: 0,
+        prompt_tokens: 4096,
+        prompt_codecs: None,
         csv: None,
         plot: None,
     };
@@ -169,6 +176,14 @@ fn parse_args() -> Result<Args> {
             "--contexts" => a.contexts = list(&flag, &v)?,
             "--steps" => a.steps = one(&flag, &v)?.max(1),
             "--prompt-tokens" => a.prompt_tokens = one(&flag, &v)?,
+            "--prompt-codecs" => {
+                a.prompt_codecs = Some(
+                    codec_list::split_codecs(&v)
+                        .iter()
+                        .map(|n| KvCodecs::parse(n))
+                        .collect::<std::result::Result<_, _>>()?,
+                )
+            }
             "--csv" => a.csv = Some(v.into()),
             "--plot" => a.plot = Some(v.into()),
             _ => return Err(ChatError::Argument(format!("unknown flag {flag}"))),

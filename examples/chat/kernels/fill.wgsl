@@ -19,12 +19,12 @@ fn unit(x: u32) -> f32 {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let stride = nwg.x * 256u;
     let n = arrayLength(&codes);
-    let std = inverseSqrt(f32(K));
+    let sd = inverseSqrt(f32(K));
     for (var i = gid.x; i < n; i += stride) {
         if FORMAT == 2u {
-            // f16 values uniform in ±sqrt(3) std.
-            let a = (unit(i ^ SEED) - 0.5) * 3.4641 * std;
-            let b = (unit(i ^ SEED ^ 0x55555555u) - 0.5) * 3.4641 * std;
+            // f16 values uniform in ±sqrt(3) sd.
+            let a = (unit(i ^ SEED) - 0.5) * 3.4641 * sd;
+            let b = (unit(i ^ SEED ^ 0x55555555u) - 0.5) * 3.4641 * sd;
             codes[i] = pack2x16float(vec2<f32>(a, b));
         } else {
             codes[i] = hash(i ^ SEED);
@@ -35,11 +35,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let jitter = 0.75 + 0.5 * unit(i ^ SEED ^ 0xa5a5a5a5u);
         if FORMAT == 0u {
             // 4-bit codes 0..15 centred by the minimum: values uniform in ±7.5 d.
-            let d = std / 4.6 * jitter;
+            let d = sd / 4.6 * jitter;
             scales[i] = pack2x16float(vec2<f32>(d, -7.5 * d));
         } else {
             // Signed bytes, uniform in ±128 d.
-            let d = std / 74.0 * jitter;
+            let d = sd / 74.0 * jitter;
             scales[i] = pack2x16float(vec2<f32>(d, 0.0));
         }
     }
