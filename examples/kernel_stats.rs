@@ -373,6 +373,7 @@ fn run() -> Result<(), Error> {
             window: None,
             layers,
             splits: args.splits,
+            max_splits: args.splits,
             segments: 1,
             min_chunk: 32,
             scale: 1.0 / (head_dim as f32).sqrt(),

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{KvqError, Result};
+use crate::kernels::KernelCache;
 
 /// Counts of host<->GPU traffic and GPU work that kvq itself caused.
 ///
@@ -80,10 +81,7 @@ pub struct Capabilities {
     pub timestamps_in_passes: bool,
 }
 
-/// The smallest workgroup-memory budget kvq's kernels are written for (Apple's limit).
-pub const WORKGROUP_MEMORY_NEEDED: u32 = 32 * 1024;
-/// Invocations per workgroup kvq's kernels use at most.
-pub const INVOCATIONS_NEEDED: u32 = 256;
+pub use crate::kernels::{INVOCATIONS_NEEDED, WORKGROUP_MEMORY_NEEDED};
 
 /// A wgpu device and queue that kvq records onto, with the counters of kvq's own traffic.
 ///
@@ -98,6 +96,7 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     caps: Capabilities,
     counters: Arc<TransferCounters>,
+    kernels: Arc<KernelCache>,
     shader_checks: bool,
     workgroup_poison: bool,
 }
@@ -258,6 +257,7 @@ impl GpuContext {
             info,
             caps,
             counters: Arc::new(TransferCounters::default()),
+            kernels: Arc::default(),
             shader_checks: false,
             workgroup_poison: false,
         }
@@ -309,6 +309,31 @@ impl GpuContext {
     /// ([`GpuContext::with_workgroup_poison`]).
     pub fn workgroup_poison(&self) -> bool {
         self.workgroup_poison
+    }
+
+    /// A clone of this context whose transfer counters start at zero and count only what is
+    /// done through it and its own clones (the caches made on it and their recordings): the
+    /// traffic of one part of an application. It shares the device, the queue and the
+    /// compiled kernels.
+    pub fn with_own_counters(&self) -> GpuContext {
+        GpuContext {
+            counters: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Compute pipelines this context has compiled: every cache made on it (and on its
+    /// clones) shares them, compiling a kernel only where no earlier cache had one of the
+    /// same text and compile options. Caches that differ only in capacity, batch, window,
+    /// layers or splits compile nothing new; another codec, head_dim, GQA ratio, workgroup,
+    /// exact-token layout or precision does, as do other shader checks or workgroup poison.
+    pub fn compiled_pipelines(&self) -> u64 {
+        self.kernels.compiled_pipelines()
+    }
+
+    /// The kernels this context has compiled, shared by its clones.
+    pub(crate) fn kernels(&self) -> &Arc<KernelCache> {
+        &self.kernels
     }
 
     /// Optional accelerations available on this device.

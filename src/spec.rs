@@ -184,6 +184,41 @@ pub const EXACT_CHUNK_SLICE: u32 = 64;
 /// Most exact tokens a cache keeps per sequence (`sink + recent`).
 pub const MAX_EXACT_TOKENS: u32 = 4096;
 
+/// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShapeRule {
+    HeadDim,
+    Gqa,
+    Workgroup,
+}
+
+/// The shapes kvq's kernels are written for, and audited for running without wgpu's index
+/// clamps ([`crate::KernelConfig::clamps_indices`]): the one copy of these rules, read by
+/// [`CacheSpec::validate`] and by [`crate::KernelConfig::check`], which guards every module's
+/// assembly and [`crate::export`]. `workgroup`: `None` where the device picks it (always a
+/// valid size). The error names the rule and says why.
+pub(crate) fn check_shape(
+    head_dim: u32,
+    gqa: u32,
+    workgroup: Option<u32>,
+) -> std::result::Result<(), (ShapeRule, String)> {
+    if !head_dim.is_multiple_of(32) || !(32..=256).contains(&head_dim) {
+        let why = "kvq's kernels need a multiple of 32 between 32 and 256";
+        return Err((ShapeRule::HeadDim, why.into()));
+    }
+    if !(1..=8).contains(&gqa) {
+        let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
+        return Err((ShapeRule::Gqa, why));
+    }
+    if let Some(w) = workgroup
+        && ![64, 128, 256].contains(&w)
+    {
+        let why = format!("decode workgroup {w} must be 64, 128 or 256");
+        return Err((ShapeRule::Workgroup, why));
+    }
+    Ok(())
+}
+
 /// What a [`crate::KvCache`] holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheSpec {
@@ -429,8 +464,7 @@ impl CacheSpec {
                 return bad(format!("{what} {s} must be between 1 and 1024"));
             }
         }
-        // The kernels' shape rules (one copy, in kernels): head_dim, GQA ratio, workgroup.
-        use crate::kernels::{ShapeRule, check_shape};
+        // The kernels' shape rules: head_dim, GQA ratio, workgroup.
         check_shape(self.head_dim, self.gqa(), self.workgroup).map_err(
             |(rule, reason)| match rule {
                 ShapeRule::HeadDim => KvqError::UnsupportedHeadDim {

@@ -96,6 +96,13 @@ impl SplitRule {
     /// The workgroup size (invocations) a [`SplitRule::OneWave`] `resident` rule counts in.
     pub const RESIDENT_AT: u32 = 128;
 
+    /// The most splits per KV head this rule gives any cache.
+    pub fn max(&self) -> u32 {
+        match *self {
+            SplitRule::ByTokens { max, .. } | SplitRule::OneWave { max, .. } => max,
+        }
+    }
+
     /// Splits per KV head for `spec`, whose storage segments hold `segment_tokens` positions.
     pub fn splits(&self, spec: &CacheSpec, segment_tokens: u32, workgroup: u32) -> u32 {
         match *self {

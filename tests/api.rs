@@ -571,3 +571,63 @@ fn sync_lengths_undoes_a_dropped_recording() {
         Err(KvqError::InvalidArgument(_))
     ));
 }
+
+/// Caches that differ only in capacity, batch, window and splits share their context's
+/// compiled kernels: the second and third compile nothing, and attend as the reference does.
+#[test]
+fn caches_of_other_sizes_compile_nothing_new() {
+    // A device of its own: the shared context's count also counts the other tests' compiles.
+    let gpu = common::device_ctx().with_workgroup_poison(true);
+    let codecs = KvCodecs::parse("q4_sym").unwrap();
+    let specs = [
+        CacheSpec::new(2, 8, 2, 64, 200).with_codecs(codecs),
+        CacheSpec::new(2, 8, 2, 64, 3000)
+            .with_codecs(codecs)
+            .with_batch(3),
+        CacheSpec::new(2, 8, 2, 64, 48)
+            .with_codecs(codecs)
+            .with_window(40),
+    ];
+    let mut rng = Rng::new(46);
+    let mut compiled = Vec::new();
+    for spec in specs {
+        let mut cache = KvCache::new(&gpu, spec.clone()).unwrap();
+        let (b, kvh, qh, d) = (
+            spec.batch as usize,
+            spec.kv_heads as usize,
+            spec.q_heads as usize,
+            spec.head_dim as usize,
+        );
+        // 70 tokens: past the third cache's window and ring, so its slots wrap.
+        let n = 70;
+        let k = rng.normals(b * n * kvh * d, 1.0);
+        let v = rng.normals(b * n * kvh * d, 1.0);
+        cache.append_host(1, &k, &v).unwrap();
+        let q = rng.normals(b * qh * d, 1.5);
+        let out = cache.attend_host(1, &q).unwrap();
+        compiled.push(gpu.compiled_pipelines());
+        // f64 attention over each sequence's attended tokens, from the GPU's stored rows.
+        let (krows, vrows) = cache.read_rows(1).unwrap();
+        let window = spec.window.unwrap_or(spec.capacity) as usize;
+        for s in 0..b {
+            let slots: Vec<usize> = (n - n.min(window)..n)
+                .map(|p| p % spec.capacity as usize)
+                .collect();
+            let want = common::reference_over_rows(
+                &spec,
+                &krows,
+                &vrows,
+                s,
+                &slots,
+                &q[s * qh * d..(s + 1) * qh * d],
+            );
+            let err = rel_err(&out[s * qh * d..(s + 1) * qh * d], &want);
+            assert!(err < 2e-3, "{spec:?} sequence {s}: {err}");
+        }
+    }
+    assert!(compiled[0] > 0);
+    assert_eq!(
+        compiled, [compiled[0]; 3],
+        "pipelines compiled after each cache"
+    );
+}

@@ -32,6 +32,7 @@ fn configs() -> Vec<KernelConfig> {
                 capacity: 300,
                 layers: 2,
                 splits: 3,
+                max_splits: 3,
                 segments: 2,
                 min_chunk: 32,
                 window: None,

@@ -45,6 +45,7 @@ fn configs() -> Vec<KernelConfig> {
                 capacity: 4096,
                 layers: 3,
                 splits: 16,
+                max_splits: 16,
                 segments: 2,
                 min_chunk: 32,
                 // Every third configuration is a sliding window (ring indexing).

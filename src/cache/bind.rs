@@ -66,9 +66,12 @@ pub(super) fn bind_segments(
                     Segment {
                         k: k.clone(),
                         v: v.clone(),
-                        append_bg: bg(&pipes.append_store, &[params, k, v, lens]),
-                        decode_bg: bg(&pipes.decode_store, &[params, k, v, lens, partials]),
-                        step_bg: bg(&pipes.step_store, &[params, k, v, lens, partials]),
+                        append_bg: bg(&pipes.layouts().append_store, &[params, k, v, lens]),
+                        decode_bg: bg(
+                            &pipes.layouts().decode_store,
+                            &[params, k, v, lens, partials],
+                        ),
+                        step_bg: bg(&pipes.layouts().step_store, &[params, k, v, lens, partials]),
                     }
                 })
                 .collect()

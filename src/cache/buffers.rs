@@ -5,9 +5,11 @@ use bytemuck::{Pod, Zeroable};
 
 use super::plan::{Layout, Plan};
 use crate::context::GpuContext;
-use crate::kernels::K_BLOCK;
+use crate::kernels::{K_BLOCK, ShapeParams};
 use crate::spec::CacheSpec;
 
+/// A segment's uniform params, as `Seg` in `wgsl/shared/common.wgsl`: where the segment lies,
+/// then the cache's shape numbers.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct SegParams {
@@ -16,7 +18,8 @@ struct SegParams {
     seg_tokens: u32,
     is_last: u32,
     split_base: u32,
-    _pad: [u32; 3],
+    shape: ShapeParams,
+    _pad: u32,
 }
 
 /// What a buffer in [`super::KvCache`]'s `owned` list is for.
@@ -149,6 +152,7 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
         (OwnedPart::Lengths, lens.clone()),
         (OwnedPart::Scratch, partials.clone()),
     ];
+    let shape = plan.cfg.shape_params();
     let mut layers = Vec::with_capacity(spec.layers as usize);
     for layer in 0..spec.layers {
         let mut segs = Vec::with_capacity(segments as usize);
@@ -185,7 +189,8 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
                 seg_tokens: tokens,
                 is_last: (s + 1 == segments) as u32,
                 split_base: s * (splits + 1),
-                _pad: [0; 3],
+                shape,
+                _pad: 0,
             };
             // Written once at creation, not per step.
             ctx.counters()

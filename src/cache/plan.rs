@@ -82,6 +82,7 @@ pub(super) fn plan(
         window: spec.window,
         layers: spec.layers,
         splits: layout.splits,
+        max_splits: layout.splits.max(tuning.splits.max()),
         segments: layout.segments,
         min_chunk: MIN_CHUNK,
         scale: spec.softmax_scale(),

@@ -83,7 +83,7 @@ impl KvCache {
         )?;
         let bind_group = self.bind(
             "kvq append input",
-            &self.pipes.append_input,
+            &self.pipes.layouts().append_input,
             &[k, v, &params],
         )?;
         Ok(AppendInput {
@@ -103,7 +103,7 @@ impl KvCache {
         check_distinct(&[("out", out)], &[("q", q)])?;
         Ok(AttendIo {
             cache: self.id,
-            bind_group: self.bind("kvq attend io", &self.pipes.decode_io, &[q, out])?,
+            bind_group: self.bind("kvq attend io", &self.pipes.layouts().decode_io, &[q, out])?,
         })
     }
 
@@ -125,7 +125,11 @@ impl KvCache {
         // Built here, once, so that recording a step never compiles a pipeline.
         self.pipes.step(input)?;
         let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
-        let bind_group = self.bind("kvq step io", &self.pipes.step_io, &[q, out, k, v, &params])?;
+        let bind_group = self.bind(
+            "kvq step io",
+            &self.pipes.layouts().step_io,
+            &[q, out, k, v, &params],
+        )?;
         Ok(StepIo {
             cache: self.id,
             bind_group,
@@ -304,7 +308,7 @@ impl KvCache {
                 None
             };
             slices.push(ChunkSlice {
-                io: self.bind("kvq chunk io", &self.pipes.chunk_io, &bufs)?,
+                io: self.bind("kvq chunk io", &self.pipes.layouts().chunk_io, &bufs)?,
                 count,
                 query_groups,
                 row_tiles,
@@ -319,7 +323,11 @@ impl KvCache {
                 // The segment's decode group (params, K, V, lengths) with this scratch.
                 let mut bufs: Vec<&wgpu::Buffer> = seg.decode_bg.buffers.iter().collect();
                 bufs[4] = &partials;
-                groups.push(self.bind("kvq chunk store", &self.pipes.decode_store, &bufs)?);
+                groups.push(self.bind(
+                    "kvq chunk store",
+                    &self.pipes.layouts().decode_store,
+                    &bufs,
+                )?);
             }
             store.push(groups);
         }

@@ -3,49 +3,14 @@
 
 use super::module::{InputType, KernelModule};
 use super::preprocess::{self, Defines, Value};
-use super::workgroup;
+use super::workgroup::{self, WORKGROUP_MEMORY_NEEDED};
 use crate::codec::{Codec, CodecKind, FAMILIES, ScaleMode};
-use crate::context::WORKGROUP_MEMORY_NEEDED;
 use crate::error::{KvqError, Result};
+use crate::spec::check_shape;
 
 /// Tokens per K interleave block (`KB` in the WGSL): K rows are stored interleaved chunk by
 /// chunk across blocks of this many tokens, and storage segments start on whole blocks.
 pub(crate) const K_BLOCK: u32 = 32;
-
-/// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ShapeRule {
-    HeadDim,
-    Gqa,
-    Workgroup,
-}
-
-/// The shapes kvq's kernels are written for, and audited for running without wgpu's index
-/// clamps ([`KernelConfig::clamps_indices`]): the one copy of these rules, read by
-/// [`crate::CacheSpec::validate`] and by [`KernelConfig::check`], which guards every module's
-/// assembly and [`crate::export`]. `workgroup`: `None` where the device picks it (always a
-/// valid size). The error names the rule and says why.
-pub(crate) fn check_shape(
-    head_dim: u32,
-    gqa: u32,
-    workgroup: Option<u32>,
-) -> std::result::Result<(), (ShapeRule, String)> {
-    if !head_dim.is_multiple_of(32) || !(32..=256).contains(&head_dim) {
-        let why = "kvq's kernels need a multiple of 32 between 32 and 256";
-        return Err((ShapeRule::HeadDim, why.into()));
-    }
-    if !(1..=8).contains(&gqa) {
-        let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
-        return Err((ShapeRule::Gqa, why));
-    }
-    if let Some(w) = workgroup
-        && ![64, 128, 256].contains(&w)
-    {
-        let why = format!("decode workgroup {w} must be 64, 128 or 256");
-        return Err((ShapeRule::Workgroup, why));
-    }
-    Ok(())
-}
 
 /// Everything a kernel's source depends on. [`crate::KvCache`] derives it from its spec and
 /// the device's tuning ([`crate::KvCache::kernel_config`] shows the result); tests and
@@ -72,6 +37,12 @@ pub struct KernelConfig {
     pub layers: u32,
     /// Decode splits per storage segment.
     pub splits: u32,
+    /// The most decode splits per storage segment the reduce kernel is sized for: one pass
+    /// of its lanes covers this many splits' slots, so that caches with fewer splits (a
+    /// larger batch, a shorter capacity) share its text, and more take more passes. A cache
+    /// takes its adapter's largest split count ([`crate::tuning::SplitRule::max`]), or its own
+    /// where that is larger.
+    pub max_splits: u32,
     /// Storage segments per layer.
     pub segments: u32,
     /// Fewest tokens a decode split takes before fewer splits are used.
@@ -95,7 +66,7 @@ pub struct KernelConfig {
 
 impl KernelConfig {
     /// Whether this cache's kernels are compiled with wgpu's index clamping: every codec but a
-    /// rotated V codec's (see the crate-internal `kernels::pipelines::runtime_checks` for the measurements and
+    /// rotated V codec's (see the crate-internal `kernels::cache::Compile::checks` for the measurements and
     /// why every index is in range without it).
     pub fn clamps_indices(&self) -> bool {
         // The audits hold for the shapes `CacheSpec::validate` accepts; a configuration built
@@ -126,11 +97,12 @@ impl KernelConfig {
             self.capacity,
             self.layers,
             self.splits,
+            self.max_splits,
             self.segments,
         ];
         if counts.contains(&0) {
             return Err(KvqError::InvalidSpec(
-                "kernel config: kv_heads, batch, capacity, layers, splits and segments must be at least 1".into(),
+                "kernel config: kv_heads, batch, capacity, layers, splits, max_splits and segments must be at least 1".into(),
             ));
         }
         Ok(())
@@ -171,21 +143,9 @@ impl KernelConfig {
         c("G", self.gqa);
         c("CQ", cq);
         c("GR", rows);
-        c("KVH", self.kv_heads);
-        c("QH", self.kv_heads * self.gqa);
-        c("B", self.batch);
-        c("CAP", self.capacity);
-        c("WIN", self.window.unwrap_or(self.capacity));
-        h.constant("RING", Value::Bool(self.window.is_some()));
-        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
-        c("LAYERS", self.layers);
-        c("NSPLIT", self.splits);
-        c("SPLITS_TOTAL", self.splits_total());
-        c("PSLOTS", self.partial_slots());
         c("SINK", self.exact.sink);
         c("RECENT", self.exact.recent);
         c("XRING", self.exact.ring());
-        c("MIN_CHUNK", self.min_chunk);
         c("WG", self.workgroup);
         c("KU", k_unroll(self.head_dim));
         c("VU", V_UNROLL);
@@ -227,8 +187,6 @@ impl KernelConfig {
         }
         let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
         c("QJL_S", cst.qjl);
-        c("CST", 2 * self.layers * self.batch);
-        c("KMU", 2 * self.layers * self.batch + cst.k_mean);
         c("VW", self.v_width());
         c("VC", self.v_columns());
         c("PV4", self.partial_width() / 4);
@@ -261,9 +219,9 @@ impl KernelConfig {
             "COOP",
             Value::Bool(self.k.kind.is_rotated() || self.v.kind.is_rotated()),
         );
-        h.constant("SCALE", Value::F32(self.scale));
         h.constant("EXACT", Value::Bool(self.exact.any()));
         h.constant("KMEAN", Value::Bool(self.exact.k_mean));
+        self.shape_defines(&mut h);
         h
     }
 
@@ -418,11 +376,12 @@ impl KernelConfig {
         }
     }
 
-    /// Split slots each reduce lane folds per pass (`$p` lines and `RP`): enough for every
-    /// split in one pass, at most 16 (the loads of a pass are all in flight at once).
+    /// Split slots each reduce lane folds per pass (`$p` lines and `RP`): enough for
+    /// [`KernelConfig::max_splits`] splits of one segment in one pass, at most 16 (the loads
+    /// of a pass are all in flight at once).
     fn reduce_slots(&self) -> u32 {
         let lanes = 256 / (self.partial_width() / 4);
-        self.splits_total().div_ceil(lanes).clamp(1, 16)
+        (self.max_splits + 1).div_ceil(lanes).clamp(1, 16)
     }
 
     /// Query tasks each decode invocation loads (and rotates) for a rotated K (`$r` lines):
@@ -574,6 +533,7 @@ pub(super) mod tests {
             window: None,
             layers: 1,
             splits: 4,
+            max_splits: 4,
             segments: 1,
             min_chunk: 32,
             scale: 0.125,

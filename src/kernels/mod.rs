@@ -6,6 +6,7 @@
 //! constants lets the compiler unroll the head loops and size workgroup arrays, and makes
 //! every exported shader self-contained. `wgsl/README.md` states what each file provides.
 
+mod cache;
 mod config;
 mod constants;
 mod module;
@@ -13,10 +14,14 @@ mod pipelines;
 mod poison;
 mod prefill_tile;
 mod preprocess;
+mod shape;
 mod workgroup;
 
-pub(crate) use config::{K_BLOCK, ShapeRule, check_shape, encode_tasks};
+pub(crate) use cache::KernelCache;
+pub(crate) use config::{K_BLOCK, encode_tasks};
 pub use config::{KernelConfig, gpu_supported};
 pub(crate) use module::LayoutTable;
 pub use module::{InputType, KernelModule};
 pub(crate) use pipelines::Pipelines;
+pub(crate) use shape::ShapeParams;
+pub use workgroup::{INVOCATIONS_NEEDED, WORKGROUP_MEMORY_NEEDED};

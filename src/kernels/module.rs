@@ -183,10 +183,3 @@ pub(crate) const STEP_IO: LayoutTable = (
         (4, UNIFORM, "step params"),
     ],
 );
-
-/// Entry points of an append module, in the order of [`Pipelines::append`].
-pub(crate) const APPEND_ENTRIES: [&str; 3] = ["append_small", "append_wide", "append_commit"];
-/// Entry points of a decode or step module, in the order of [`Pipelines::step`].
-pub(crate) const ATTEND_ENTRIES: [&str; 2] = ["split", "reduce"];
-/// Entry points of the chunk module's prefill kernel, in the order of [`Pipelines::prefill`].
-pub(crate) const PREFILL_ENTRIES: [&str; 2] = ["prefill_q", "prefill"];

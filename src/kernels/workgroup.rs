@@ -5,6 +5,11 @@ use naga::AddressSpace;
 
 use crate::error::{KvqError, Result};
 
+/// The smallest workgroup-memory budget kvq's kernels are written for (Apple's limit).
+pub const WORKGROUP_MEMORY_NEEDED: u32 = 32 * 1024;
+/// Invocations per workgroup kvq's kernels use at most.
+pub const INVOCATIONS_NEEDED: u32 = 256;
+
 /// Workgroup memory each named entry point of `src` uses (directly or through the functions it
 /// calls), in bytes: the variables' sizes, each rounded up to 16 bytes as WebGPU counts them
 /// against `maxComputeWorkgroupStorageSize`, and their exact sum (what a GPU allocates, for

@@ -5,9 +5,12 @@ use std::sync::OnceLock;
 
 use kvq::{AttendIo, GpuContext, KvCache};
 
+/// The test binary's context: every test's caches share it, so each kernel compiles once per
+/// binary (the suite's cost on a CPU driver is these compiles).
+static CTX: OnceLock<GpuContext> = OnceLock::new();
+
 /// The test device. No adapter is a failure, never a skip: CI must see the kernels run.
 pub fn ctx() -> &'static GpuContext {
-    static CTX: OnceLock<GpuContext> = OnceLock::new();
     CTX.get_or_init(|| {
         let ctx = new_ctx();
         eprintln!(
@@ -16,8 +19,25 @@ pub fn ctx() -> &'static GpuContext {
             ctx.info.backend,
             ctx.capabilities()
         );
+        // SAFETY: `atexit` of the C runtime every Rust program links, with a function that
+        // only reads the context's counter.
+        unsafe { atexit(report_compiled) };
         ctx
     })
+}
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Says at the test binary's exit how many pipelines its context compiled.
+extern "C" fn report_compiled() {
+    if let Some(ctx) = CTX.get() {
+        eprintln!(
+            "kvq tests: {} compute pipelines compiled by this test binary",
+            ctx.compiled_pipelines()
+        );
+    }
 }
 
 /// Test data from kvq's own generator (SplitMix64): small, seeded, reproducible.
@@ -108,10 +128,11 @@ pub fn rel_err(gpu: &[f32], reference: &[f64]) -> f64 {
         / scale
 }
 
-/// A context of its own, for tests that assert on transfer counters: the shared context's
-/// counters also count the other tests running at the same time.
+/// A context with counters of its own, for tests that assert on transfer counters: the shared
+/// context's counters also count the other tests running at the same time. (It shares the
+/// device and the compiled kernels.)
 pub fn private_ctx() -> GpuContext {
-    new_ctx()
+    ctx().with_own_counters()
 }
 
 /// A new context, or a panic that says what the tests need. Its kernels run with poisoned
@@ -119,11 +140,18 @@ pub fn private_ctx() -> GpuContext {
 /// workgroup memory, so every GPU test also checks that no kernel reads a workgroup value it
 /// has not written. (`unpoisoned_ctx` gives the context as users get it.)
 fn new_ctx() -> GpuContext {
-    unpoisoned_ctx().with_workgroup_poison(true)
+    device_ctx().with_workgroup_poison(true)
 }
 
-/// A new context as `GpuContext::new` gives it, without poisoned workgroup memory.
+/// The context as `GpuContext::new` gives it, without poisoned workgroup memory (the shared
+/// device and compiled kernels; its kernels compile apart, unpoisoned).
 pub fn unpoisoned_ctx() -> GpuContext {
+    ctx().with_own_counters().with_workgroup_poison(false)
+}
+
+/// A new context as `GpuContext::new` gives it (a device of its own, compiling its own
+/// kernels), or a panic that says what the tests need.
+pub fn device_ctx() -> GpuContext {
     let ctx = GpuContext::new().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
     // wgpu's GL backend serialises every call on one context lock and panics after waiting 6 s
     // for it, which the parallel tests' CPU shader compiles exceed (seen with llvmpipe): fail

@@ -81,7 +81,9 @@ fn split_slots() -> u32 {
 const J: u32 = WG / VC;
 // Partials of one query per sequence; a slice of a chunk of `count` queries holds `count`
 // times as many, the (max, sum) pairs after all the output vectors.
-const PART_ML: u32 = B * QH * PSLOTS * PV4;
+fn part_ml_at() -> u32 {
+    return B * QH * PSLOTS * PV4;
+}
 
 // The scaled query of each row (a rotated K codec reads it from rot_sh).
 var<workgroup> q_sh: array<vec4<f32>, QSH>;
@@ -246,13 +248,13 @@ fn x_pos(u: u32, ns: u32, rl: u32) -> u32 {
     return select(rl + u - ns, u, u < ns);
 }
 
-// Values 4c .. 4c + 3 of the exact row from word r on (x_row, plus XV for V), as their two
+// Values 4c .. 4c + 3 of the exact row from word r on (x_row, plus xv() for V), as their two
 // words of f16 pairs.
 fn x_pair(r: u32, c: u32) -> vec2<u32> {
     return vec2<u32>(x_at(r + 2u * c), x_at(r + 2u * c + 1u));
 }
 
-// Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = XV) row, as their two words of f16
+// Values 4c .. 4c + 3 of position p's K (v = 0) or V (v = xv()) row, as their two words of f16
 // pairs (x_words) or as values.
 fn x_words(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec2<u32> {
     return x_pair(x_row(b, h, p) + v, c);
@@ -362,7 +364,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
             for (var u = 0u; u < XVB; u++) {
                 let i = j + u * XJ;
                 if i < tn {
-                    vp[u] = x_words(b, h, x_pos(t0 + i, ns, rl), XV, c);
+                    vp[u] = x_words(b, h, x_pos(t0 + i, ns, rl), xv(), c);
                 }
             }
         }
@@ -371,22 +373,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
 #else
         let ok$g = lid < tn;
 #endif
-        {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = select(NEG, sc$g, ok$g);
-        workgroupBarrier();
-        if lid < MXP {
-            let x$g = max(max({{scores}}[$g * (WG / 4u) + 4u * lid], {{scores}}[$g * (WG / 4u) + 4u * lid + 1u]), max({{scores}}[$g * (WG / 4u) + 4u * lid + 2u], {{scores}}[$g * (WG / 4u) + 4u * lid + 3u]));
-            mx_sh[($g * MXP + lid) / 4u][lid % 4u] = max(max(x$g.x, x$g.y), max(x$g.z, x$g.w));
-        }
-        workgroupBarrier();
-        var mt$g = vec4<f32>(NEG);
-        for (var i = 0u; i < MXP / 4u; i++) {
-            mt$g = max(mt$g, mx_sh[$g * (MXP / 4u) + i]);
-        }
-        let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
-        let alpha$g = exp(m$g - mn$g);
-        m$g = mn$g;
-        let pw$g = select(0.0, exp(sc$g - mn$g), ok$g);
-        l$g = l$g * alpha$g + pw$g;
+#include "kernels/softmax_tile.wgsl"
         {{weights}}[lid * GP + $g / 4u][$g % 4u] = pw$g;
         workgroupBarrier();
         if j < XJ {
@@ -403,7 +390,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
                 var vv: array<vec4<f32>, 4>;
                 for (var u = 0u; u < 4u; u++) {
                     let ei = t0 + i + u * XJ;
-                    vv[u] = x_load(b, h, x_pos(ei, ns, rl), XV, c);
+                    vv[u] = x_load(b, h, x_pos(ei, ns, rl), xv(), c);
                 }
                 for (var u = 0u; u < 4u; u++) {
                     acc$g += {{weights}}[(i + u * XJ) * GP + $g / 4u][$g % 4u] * vv[u];
@@ -411,25 +398,14 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
             }
             for (; i < tn; i += XJ) {
                 let ei = t0 + i;
-                let v = x_load(b, h, x_pos(ei, ns, rl), XV, c);
+                let v = x_load(b, h, x_pos(ei, ns, rl), xv(), c);
                 acc$g += {{weights}}[i * GP + $g / 4u][$g % 4u] * v;
             }
         }
     }
     // The sum over the workgroup, then the lanes into lane 0, as the split's.
     workgroupBarrier();
-    {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = l$g;
-    workgroupBarrier();
-    if lid < MXP {
-        let y$g = {{scores}}[$g * (WG / 4u) + 4u * lid] + {{scores}}[$g * (WG / 4u) + 4u * lid + 1u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 2u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 3u];
-        mx_sh[($g * MXP + lid) / 4u][lid % 4u] = y$g.x + y$g.y + y$g.z + y$g.w;
-    }
-    workgroupBarrier();
-    var lt$g = vec4<f32>(0.0);
-    for (var i = 0u; i < MXP / 4u; i++) {
-        lt$g += mx_sh[$g * (MXP / 4u) + i];
-    }
-    l$g = lt$g.x + lt$g.y + lt$g.z + lt$g.w;
+#include "kernels/softmax_sum.wgsl"
     for (var r = XJ - 1u; r > 0u; r--) {
         if j == r {
             var a$g = acc$g;
@@ -493,13 +469,13 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let qb = b * nq + z0;
     let pb = b * chunk.count + wid.z * CQ;
     let later = chunk.appended - z0 - nz;
-    let part_ml = chunk.count * PART_ML;
+    let part_ml = chunk.count * part_ml_at();
 #else
     let nz = 1u;
     let qb = b;
     let pb = b;
     let later = 0u;
-    let part_ml = PART_ML;
+    let part_ml = part_ml_at();
 #endif
     // The query, the level tables and the length are fetched together; the barrier of
     // workgroupUniformLoad covers them all. (A rotated K codec's query is rotated below, in
@@ -656,26 +632,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 #else
         let ok$g = lid < tn;
 #endif
-        let s4 = lid / 4u;
-        {{scores}}[$g * (WG / 4u) + s4][lid % 4u] = select(NEG, sc$g, ok$g);
-        workgroupBarrier();
-        // Tile max in two steps (a scan of every score by every thread cost as much as the K
-        // phase): MXP threads each take 16 scores per head, then all read the MXP maxima.
-        if lid < MXP {
-            let x$g = max(max({{scores}}[$g * (WG / 4u) + 4u * lid], {{scores}}[$g * (WG / 4u) + 4u * lid + 1u]), max({{scores}}[$g * (WG / 4u) + 4u * lid + 2u], {{scores}}[$g * (WG / 4u) + 4u * lid + 3u]));
-            mx_sh[($g * MXP + lid) / 4u][lid % 4u] = max(max(x$g.x, x$g.y), max(x$g.z, x$g.w));
-        }
-        workgroupBarrier();
-        // Online softmax: every thread derives the same tile max, so m stays uniform.
-        var mt$g = vec4<f32>(NEG);
-        for (var i = 0u; i < MXP / 4u; i++) {
-            mt$g = max(mt$g, mx_sh[$g * (MXP / 4u) + i]);
-        }
-        let mn$g = max(m$g, max(max(mt$g.x, mt$g.y), max(mt$g.z, mt$g.w)));
-        let alpha$g = exp(m$g - mn$g);
-        m$g = mn$g;
-        let pw$g = select(0.0, exp(sc$g - mn$g), ok$g);
-        l$g = l$g * alpha$g + pw$g;
+#include "kernels/softmax_tile.wgsl"
         var vs = 1.0;
         if V_VSCALE {
             // Lanes past the tile read the tile's last row (their weight is 0), not rows past
@@ -724,18 +681,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
 #if CHUNK
     workgroupBarrier();
 #endif
-    {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = l$g;
-    workgroupBarrier();
-    if lid < MXP {
-        let y$g = {{scores}}[$g * (WG / 4u) + 4u * lid] + {{scores}}[$g * (WG / 4u) + 4u * lid + 1u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 2u] + {{scores}}[$g * (WG / 4u) + 4u * lid + 3u];
-        mx_sh[($g * MXP + lid) / 4u][lid % 4u] = y$g.x + y$g.y + y$g.z + y$g.w;
-    }
-    workgroupBarrier();
-    var lt$g = vec4<f32>(0.0);
-    for (var i = 0u; i < MXP / 4u; i++) {
-        lt$g += mx_sh[$g * (MXP / 4u) + i];
-    }
-    l$g = lt$g.x + lt$g.y + lt$g.z + lt$g.w;
+#include "kernels/softmax_sum.wgsl"
 
     // Merge the J token lanes into lane 0 (all lanes share m): lanes J - 1, ..., 1 in turn add
     // their sums into {{lanes}} (the first writes it), one barrier each, then lane 0 adds it to
@@ -815,11 +761,11 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
 #if CHUNK
     let pb = b * chunk.count + wid.z;
     let qb = b * chunk.n + chunk.first + wid.z;
-    let part_ml = chunk.count * PART_ML;
+    let part_ml = chunk.count * part_ml_at();
 #else
     let pb = b;
     let qb = b;
-    let part_ml = PART_ML;
+    let part_ml = part_ml_at();
 #endif
     // The committing invocation reads the length now, beside the partials.
     let commits = qh == 0u && lid == 0u && wid.z == 0u;

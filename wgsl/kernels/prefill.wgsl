@@ -85,7 +85,7 @@ var<workgroup> pm_sh: array<vec4<f32>, PWG>;
 
 // Where a rotated K's rotated queries lie in the scratch: after the slice's partials.
 fn prefill_q_base() -> u32 {
-    return chunk.count * (PART_ML + B * QH * PSLOTS);
+    return chunk.count * (part_ml_at() + B * QH * PSLOTS);
 }
 
 // Row of (sequence b, token z of the slice, query head qh) in the slice's [B, count, QH]
@@ -185,7 +185,7 @@ fn prefill_v(x: u32, vb: u32, s: PrefillSrc) -> array<pf4, 2> {
 #if EXACT
     if s.xw {
         let p = x_pos(u, s.ns, s.rl);
-        return array<pf4, 2>(pf4(x_load(s.b, s.h, p, XV, 2u * c)), pf4(x_load(s.b, s.h, p, XV, 2u * c + 1u)));
+        return array<pf4, 2>(pf4(x_load(s.b, s.h, p, xv(), 2u * c)), pf4(x_load(s.b, s.h, p, xv(), 2u * c + 1u)));
     }
 #endif
     let row = s.row0 + run_slot(u, s.runs);
@@ -394,7 +394,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     for (var x = 0u; x < PTK; x++) {
         lt += pm_sh[tr * PTK + x];
     }
-    let part_ml = chunk.count * PART_ML;
+    let part_ml = chunk.count * part_ml_at();
     let ri$i = rb + tr * PRB + $iu;
     // (The exact rows' slot is the last, SPLITS_TOTAL; their outputs are D wide.)
     let slot = select(split_slot(s), SPLITS_TOTAL, xw);

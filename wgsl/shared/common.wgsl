@@ -25,9 +25,25 @@ struct Seg {
     is_last: u32,
     // Index of this segment's first split in the partials buffer.
     split_base: u32,
+    // The cache's shape numbers, the same in every segment's params (src/kernels/shape.rs):
+    // the kernels name them B, CAP, WIN, RING, LAYERS, KVH, QH, NSPLIT, SPLITS_TOTAL, PSLOTS,
+    // MIN_CHUNK, CST, KMU and SCALE, and the preprocessor reads each from here, so that
+    // caches differing only in them share one kernel text.
+    batch: u32,
+    capacity: u32,
+    window: u32,
+    ring: u32,
+    layers: u32,
+    kv_heads: u32,
+    q_heads: u32,
+    splits: u32,
+    splits_total: u32,
+    partial_slots: u32,
+    min_chunk: u32,
+    constants: u32,
+    k_means: u32,
+    scale: f32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 // Row index of (sequence b, kv head h, token position pos) inside a segment's buffer.

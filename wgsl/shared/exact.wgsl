@@ -28,7 +28,9 @@ fn x_at(i: u32) -> u32 {
 
 const XE: u32 = SINK + XRING;
 // Words from a K row to the same slot's V row.
-const XV: u32 = B * KVH * XE * (D / 2u);
+fn xv() -> u32 {
+    return B * KVH * XE * (D / 2u);
+}
 
 // (Without a ring, a position past the sink reads the last sink row: the attention kernels
 // load the rows of masked positions too, which must stay inside the region and finite. The
@@ -43,7 +45,7 @@ fn x_slot(p: u32) -> u32 {
     return SINK + (p - SINK) % max(XRING, 1u);
 }
 
-// First word of position p's K row (sequence b, KV head h); its V row is XV words on.
+// First word of position p's K row (sequence b, KV head h); its V row is xv() words on.
 fn x_row(b: u32, h: u32, p: u32) -> u32 {
     return B + ((b * KVH + h) * XE + x_slot(p)) * (D / 2u);
 }
@@ -80,7 +82,7 @@ fn x_set(i: u32, x: u32) {
 fn x_put(b: u32, h: u32, p: u32, src: u32, w: u32) {
     let r = x_row(b, h, p) + w;
     x_set(r, x_half2(in_pair_k(src + w)));
-    x_set(r + XV, x_half2(in_pair_v(src + w)));
+    x_set(r + xv(), x_half2(in_pair_v(src + w)));
 }
 #endif
 

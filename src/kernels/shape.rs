@@ -1,0 +1,195 @@
+//! The cache's shape numbers the kernels read at run time: batch, capacity, window, layers,
+//! heads, splits and the offsets that follow from them. They are fields of every segment's
+//! uniform params (`Seg` in `wgsl/shared/common.wgsl`), not constants baked into the WGSL, so
+//! caches that differ only in them assemble the same text and share one compiled pipeline
+//! per context ([`crate::GpuContext::compiled_pipelines`]). What still changes the text (the
+//! codecs, head_dim, the GQA ratio, the workgroup, the exact-token layout, the precision) is
+//! what a kernel's compiler gains most from knowing: unrolled head loops and sized workgroup
+//! arrays.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::config::KernelConfig;
+use super::preprocess::{Defines, Value};
+
+/// The shape numbers as the kernels read them: the tail of each segment's uniform params, in
+/// the order of `Seg`'s fields (`wgsl/shared/common.wgsl`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub(crate) struct ShapeParams {
+    /// Sequences (`B`).
+    pub batch: u32,
+    /// Slots per sequence (`CAP`).
+    pub capacity: u32,
+    /// Positions attended, the last of them (`WIN`: the capacity without a window).
+    pub window: u32,
+    /// 1 for a sliding-window cache, whose slots are a ring (`RING`).
+    pub ring: u32,
+    /// Layers (`LAYERS`).
+    pub layers: u32,
+    /// KV heads (`KVH`).
+    pub kv_heads: u32,
+    /// Query heads (`QH`).
+    pub q_heads: u32,
+    /// Decode splits per storage segment (`NSPLIT`).
+    pub splits: u32,
+    /// Split slots over all segments (`SPLITS_TOTAL`).
+    pub splits_total: u32,
+    /// Partial slots per query row, the exact tokens' included (`PSLOTS`).
+    pub partial_slots: u32,
+    /// Fewest tokens a decode split takes (`MIN_CHUNK`).
+    pub min_chunk: u32,
+    /// Index of the codec constants in the lengths buffer (`CST`).
+    pub constants: u32,
+    /// Index of K's means in the lengths buffer (`KMU`).
+    pub k_means: u32,
+    /// Softmax scale (`SCALE`).
+    pub scale: f32,
+}
+
+/// Each shape number's name in the WGSL and the expression that reads it from the segment's
+/// params (`seg`, which every kernel module binds at group 0, binding 0).
+const READS: [(&str, &str); 14] = [
+    ("B", "seg.batch"),
+    ("CAP", "seg.capacity"),
+    ("WIN", "seg.window"),
+    ("RING", "(seg.ring != 0u)"),
+    ("LAYERS", "seg.layers"),
+    ("KVH", "seg.kv_heads"),
+    ("QH", "seg.q_heads"),
+    ("NSPLIT", "seg.splits"),
+    ("SPLITS_TOTAL", "seg.splits_total"),
+    ("PSLOTS", "seg.partial_slots"),
+    ("MIN_CHUNK", "seg.min_chunk"),
+    ("CST", "seg.constants"),
+    ("KMU", "seg.k_means"),
+    ("SCALE", "seg.scale"),
+];
+
+/// Shape numbers baked into the text as constants instead: none. Each one's move to the
+/// params was measured on the GPU against the kernels with it baked (BENCHMARKS.md, "One
+/// compile per kernel"); a number whose move cost more than 2 % anywhere would be listed
+/// here.
+const BAKED: &[&str] = &[];
+
+/// The names to bake: [`BAKED`], or for a measurement the comma-separated names in the
+/// environment variable `KVQ_BAKE` (`all` for every one), read once per process. Either way
+/// the kernels compute the same results: the tests run both.
+fn baked() -> &'static [String] {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| match std::env::var("KVQ_BAKE") {
+        Ok(v) if v.trim() == "all" => READS.iter().map(|(n, _)| n.to_string()).collect(),
+        Ok(v) => v
+            .split(',')
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect(),
+        Err(_) => BAKED.iter().map(|n| n.to_string()).collect(),
+    })
+}
+
+impl KernelConfig {
+    /// The shape numbers of this configuration, as every segment's params hold them.
+    pub(crate) fn shape_params(&self) -> ShapeParams {
+        let constants = 2 * self.layers * self.batch;
+        ShapeParams {
+            batch: self.batch,
+            capacity: self.capacity,
+            window: self.window.unwrap_or(self.capacity),
+            ring: self.window.is_some() as u32,
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            q_heads: self.kv_heads * self.gqa,
+            splits: self.splits,
+            splits_total: self.splits_total(),
+            partial_slots: self.partial_slots(),
+            min_chunk: self.min_chunk,
+            constants,
+            k_means: constants + self.constant_offsets().k_mean,
+            scale: self.scale,
+        }
+    }
+
+    /// Adds the shape numbers to `h`: each read from the params at run time, or, where
+    /// [`baked`], its value as a constant.
+    pub(super) fn shape_defines(&self, h: &mut Defines) {
+        let p = self.shape_params();
+        let values = [
+            Value::U32(p.batch),
+            Value::U32(p.capacity),
+            Value::U32(p.window),
+            Value::Bool(p.ring != 0),
+            Value::U32(p.layers),
+            Value::U32(p.kv_heads),
+            Value::U32(p.q_heads),
+            Value::U32(p.splits),
+            Value::U32(p.splits_total),
+            Value::U32(p.partial_slots),
+            Value::U32(p.min_chunk),
+            Value::U32(p.constants),
+            Value::U32(p.k_means),
+            Value::F32(p.scale),
+        ];
+        let baked = baked();
+        for ((name, read), value) in READS.into_iter().zip(values) {
+            if baked.iter().any(|b| b == name) {
+                h.constant(name, value);
+            } else {
+                h.constant(name, Value::Uniform(read));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::READS;
+    use crate::kernels::KernelModule;
+    use crate::kernels::config::tests::cfg;
+
+    #[test]
+    fn caches_of_other_sizes_assemble_the_same_text() {
+        for codecs in ["none", "q4_sym", "turbo3_sym", "k_iso3", "k_turbo3+qjl"] {
+            let a = cfg(codecs, 128);
+            let mut b = a.clone();
+            b.batch = 3;
+            b.capacity = 4000;
+            b.window = Some(1000);
+            b.layers = 7;
+            b.kv_heads = 5;
+            b.splits = 3;
+            b.segments = 2;
+            b.min_chunk = 16;
+            b.scale = 0.3;
+            for m in KernelModule::all() {
+                let (x, y) = (a.module_source(m).unwrap(), b.module_source(m).unwrap());
+                assert!(x == y, "{codecs} {m:?}");
+                // No shape number is left as a name the WGSL would not know.
+                for (name, _) in READS {
+                    let word = |l: &str| {
+                        l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                            .any(|w| w == name)
+                    };
+                    let code = x.lines().map(|l| l.split("//").next().unwrap_or(""));
+                    assert!(!code.clone().any(word), "{codecs} {m:?}: {name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_params_are_what_the_wgsl_struct_reads() {
+        // Seg's five segment fields, the fourteen shape numbers, one pad: 80 bytes.
+        assert_eq!(std::mem::size_of::<super::ShapeParams>(), 14 * 4);
+        let common = include_str!("../../wgsl/shared/common.wgsl");
+        for (_, read) in READS {
+            let field = read
+                .trim_start_matches('(')
+                .trim_start_matches("seg.")
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .next()
+                .unwrap();
+            assert!(common.contains(&format!("    {field}: ")), "{field}");
+        }
+    }
+}
