@@ -10,7 +10,6 @@
 //! kernel before the two normed products, and kvq's chunk attention; the logits of each
 //! sequence's last token only.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
@@ -56,6 +55,13 @@ pub struct Options {
     /// Per [`Product`] (by [`Product::index`]): the matrix-vector kernel's lanes per row and
     /// rows per lane group; None: [`default_tune`].
     pub tune: [Option<(u32, u32)>; 5],
+    /// Also build [`Engine::score`]: every position's logits of a prompt.
+    pub score: bool,
+    /// Chunk slices of at least this many tokens take kvq's prefill kernel
+    /// (`CacheSpec::prefill_from`; None: the adapter's tuning).
+    pub prefill_from: Option<u32>,
+    /// The cache's products (`CacheSpec::precision`).
+    pub precision: kvq::Precision,
 }
 
 impl Options {
@@ -68,6 +74,9 @@ impl Options {
             codecs,
             exact: ExactTokens::NONE,
             tune: [None; 5],
+            score: false,
+            prefill_from: None,
+            precision: kvq::Precision::Auto,
         }
     }
 }
@@ -136,6 +145,8 @@ struct Buffers {
     readback: wgpu::Buffer,
     /// Bound where a kernel's variant reads nothing.
     dummy: wgpu::Buffer,
+    /// [`Engine::score`]'s logits of every row of a chunk, and their readback.
+    all_logits: Option<(wgpu::Buffer, wgpu::Buffer)>,
 }
 
 impl Buffers {
@@ -218,8 +229,11 @@ pub struct Engine {
     bufs: Buffers,
     decode: Vec<Op>,
     prompt: Vec<Op>,
+    score: Vec<Op>,
     step_io: StepIo,
-    chunks: HashMap<u32, ChunkIo>,
+    /// The last prompt chunk's bindings, kept while the next chunk has as many tokens (a
+    /// `ChunkIo` is bound to one length).
+    chunk: Option<ChunkIo>,
     sampling: Sampling,
     /// The last recording's dispatches.
     pub last_dispatches: Dispatches,
@@ -273,6 +287,8 @@ impl Engine {
         .with_codecs(opts.codecs)
         .with_batch(opts.batch);
         spec.exact = opts.exact;
+        spec.prefill_from = opts.prefill_from;
+        spec.precision = opts.precision;
         let cache = KvCache::new(ctx, spec)?;
         let prompt_max = opts.prompt_max.min(opts.capacity);
         let rows = opts.batch as u64 * prompt_max as u64;
@@ -304,6 +320,13 @@ impl Engine {
             prompt_params: buffer(ctx, "prompt params", 32, U::UNIFORM | U::COPY_DST),
             readback: buffer(ctx, "readback", b * 4, U::MAP_READ | U::COPY_DST),
             dummy: buffer(ctx, "dummy", 16, U::STORAGE),
+            all_logits: opts.score.then(|| {
+                let bytes = rows * cfg.vocab as u64 * 4;
+                (
+                    buffer(ctx, "all logits", bytes, st),
+                    buffer(ctx, "all logits readback", bytes, U::MAP_READ | U::COPY_DST),
+                )
+            }),
         };
         let step_io = cache.step_io(&bufs.k, &bufs.v, 1, InputType::F16, &bufs.q, &bufs.attn)?;
         let mut e = Engine {
@@ -315,13 +338,22 @@ impl Engine {
             bufs,
             decode: Vec::new(),
             prompt: Vec::new(),
+            score: Vec::new(),
             step_io,
-            chunks: HashMap::new(),
+            chunk: None,
             sampling: Sampling::GREEDY,
             last_dispatches: Dispatches::default(),
         };
         e.decode = e.build(false)?;
         e.prompt = e.build(true)?;
+        if e.opts.score {
+            e.score = e.build(true)?;
+            let (all, _) = e.bufs.all_logits.as_ref().expect("allocated with score");
+            let layer = &e.weights.layers[0];
+            let p = &e.bufs.prompt_params;
+            e.score.push(e.rms_op(p)?);
+            e.score.push(e.product_into(true, Product::Output, layer, p, Some(all))?);
+        }
         e.set_sampling(Sampling::GREEDY);
         Ok(e)
     }
@@ -374,7 +406,20 @@ impl Engine {
         layer: &Layer,
         params: &wgpu::Buffer,
     ) -> Result<Op> {
+        self.product_into(prompt, which, layer, params, None)
+    }
+
+    /// [`Engine::product`] writing to `out` instead of its own output where given.
+    fn product_into(
+        &self,
+        prompt: bool,
+        which: Product,
+        layer: &Layer,
+        params: &wgpu::Buffer,
+        out: Option<&wgpu::Buffer>,
+    ) -> Result<Op> {
         let (m, x, norm, epi, y) = self.operands(which, layer);
+        let y = out.unwrap_or(y);
         let eps = self.weights.cfg.eps as f32;
         let mut consts = vec![
             ("K", Const::U(m.cols)),
@@ -423,6 +468,20 @@ impl Engine {
         })
     }
 
+    /// The prompt's RMSNorm kernel: 1/rms of every row of the residual stream.
+    fn rms_op(&self, params: &wgpu::Buffer) -> Result<Op> {
+        let c = &self.weights.cfg;
+        let rms = self.kernels.get(
+            Kind::Rms,
+            &[("K", Const::U(c.dim)), ("EPS", Const::F(c.eps as f32))],
+        )?;
+        Ok(Op::Kernel {
+            bind: self.kernels.bind(&rms, &[&self.bufs.h, &self.bufs.inv, params]),
+            kernel: rms,
+            grid: Grid::Rows { tile: 1 },
+        })
+    }
+
     /// The ops of a decode step (`prompt` false) or of a prompt chunk.
     fn build(&self, prompt: bool) -> Result<Vec<Op>> {
         let c = &self.weights.cfg;
@@ -451,9 +510,6 @@ impl Engine {
             kernel: k,
             grid: Grid::Rows { tile: 1 },
         });
-        let rms = self
-            .kernels
-            .get(Kind::Rms, &[("K", Const::U(c.dim)), ("EPS", eps.clone())])?;
         let rope = self.kernels.get(
             Kind::Rope,
             &[
@@ -465,14 +521,9 @@ impl Engine {
                 ("EPS", eps),
             ],
         )?;
-        let rms_op = || Op::Kernel {
-            kernel: rms.clone(),
-            bind: self.kernels.bind(&rms, &[&b.h, &b.inv, params]),
-            grid: Grid::Rows { tile: 1 },
-        };
         for (l, layer) in self.weights.layers.iter().enumerate() {
             if prompt {
-                ops.push(rms_op());
+                ops.push(self.rms_op(params)?);
             }
             ops.push(self.product(prompt, Product::Qkv, layer, params)?);
             ops.push(Op::Kernel {
@@ -489,7 +540,7 @@ impl Engine {
             ops.push(Op::Attention(l as u32));
             ops.push(self.product(prompt, Product::O, layer, params)?);
             if prompt {
-                ops.push(rms_op());
+                ops.push(self.rms_op(params)?);
             }
             ops.push(self.product(prompt, Product::GateUp, layer, params)?);
             ops.push(self.product(prompt, Product::Down, layer, params)?);
@@ -542,8 +593,10 @@ impl Engine {
         self.cache.len(0, 0).unwrap_or(0)
     }
 
-    /// Records the ops, submits them with the sampled tokens' copy, reads those back.
-    fn run(&mut self, chunk_n: Option<u32>) -> Result<Vec<u32>> {
+    /// Records the ops (a decode step; `chunk_n`: a prompt chunk of that many tokens, with
+    /// every row's logits where `score`), submits them with the sampled tokens' copy, reads
+    /// those back.
+    fn run(&mut self, chunk_n: Option<u32>, score: bool) -> Result<Vec<u32>> {
         let batch = self.opts.batch;
         let before = self.ctx.stats().dispatches;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
@@ -553,7 +606,8 @@ impl Engine {
                 timestamp_writes: None,
             });
             let (ops, tokens, chunk) = match chunk_n {
-                Some(n) => (&self.prompt, batch * n, self.chunks.get(&n)),
+                Some(n) if score => (&self.score, batch * n, self.chunk.as_ref()),
+                Some(n) => (&self.prompt, batch * n, self.chunk.as_ref()),
                 None => (&self.decode, batch, None),
             };
             Self::record(&mut self.cache, &mut pass, ops, tokens, &self.step_io, chunk)
@@ -607,16 +661,62 @@ impl Engine {
                 .write_buffer(&self.bufs.ids, 0, bytemuck::cast_slice(&flat));
             self.write_params(&self.bufs.prompt_params, m as u32, 0);
             let m = m as u32;
-            if !self.chunks.contains_key(&m) {
+            if self.chunk.as_ref().is_none_or(|c| c.tokens() != m) {
                 let b = &self.bufs;
+                self.chunk = None;
                 let io = self
                     .cache
                     .chunk_io(&b.k, &b.v, m, InputType::F16, &b.q, &b.attn)?;
-                self.chunks.insert(m, io);
+                self.chunk = Some(io);
             }
-            next = self.run(Some(m))?;
+            next = self.run(Some(m), false)?;
         }
         Ok(next)
+    }
+
+    /// Every position's logits of `ids` (batch 1, appended after what the cache holds, in
+    /// chunks of at most `prompt_max` tokens): `[ids.len(), vocab]`. Needs `Options::score`.
+    pub fn score(&mut self, ids: &[u32], progress: &mut dyn FnMut(usize)) -> Result<Vec<f32>> {
+        let Some((_, staging)) = self.bufs.all_logits.clone() else {
+            return Err(ChatError::Argument("the engine was built without score".into()));
+        };
+        if self.opts.batch != 1 || ids.is_empty() {
+            return Err(ChatError::Argument("score takes one non-empty sequence".into()));
+        }
+        let (len, cap) = (self.len(), self.opts.capacity);
+        if len as u64 + ids.len() as u64 > cap as u64 {
+            return Err(ChatError::PromptTooLong {
+                tokens: ids.len() as u32,
+                len,
+                capacity: cap,
+            });
+        }
+        let vocab = self.weights.cfg.vocab as u64;
+        let mut out = Vec::with_capacity(ids.len() * vocab as usize);
+        for chunk in ids.chunks(self.opts.prompt_max as usize) {
+            let m = chunk.len() as u32;
+            self.ctx
+                .queue
+                .write_buffer(&self.bufs.ids, 0, bytemuck::cast_slice(chunk));
+            self.write_params(&self.bufs.prompt_params, m, 0);
+            if self.chunk.as_ref().is_none_or(|c| c.tokens() != m) {
+                let b = &self.bufs;
+                self.chunk = None;
+                let io = self
+                    .cache
+                    .chunk_io(&b.k, &b.v, m, InputType::F16, &b.q, &b.attn)?;
+                self.chunk = Some(io);
+            }
+            self.run(Some(m), true)?;
+            let bytes = m as u64 * vocab * 4;
+            let (all, _) = self.bufs.all_logits.as_ref().expect("checked above");
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(all, 0, &staging, 0, bytes);
+            self.ctx.queue.submit([enc.finish()]);
+            out.extend_from_slice(bytemuck::cast_slice(&read_bytes(&self.ctx, &staging, bytes)?));
+            progress(out.len() / vocab as usize);
+        }
+        Ok(out)
     }
 
     /// One decode step of every sequence: the tokens sampled last go in, the next come out.
@@ -626,7 +726,7 @@ impl Engine {
                 capacity: self.opts.capacity,
             });
         }
-        self.run(None)
+        self.run(None, false)
     }
 
     /// Records one decode step into `enc` without reading anything back (for timing many
