@@ -7,6 +7,25 @@
 #[allow(dead_code)]
 #[path = "../examples/perplexity/attention.rs"]
 mod attention;
+// The harness's GPU forward (the chat example's engine).
+#[allow(dead_code)]
+#[path = "../examples/chat/engine.rs"]
+mod engine;
+#[allow(dead_code)]
+#[path = "../examples/chat/error.rs"]
+mod error;
+#[allow(dead_code)]
+#[path = "../examples/chat/gguf.rs"]
+mod gguf;
+#[allow(dead_code)]
+#[path = "../examples/chat/kernels.rs"]
+mod kernels;
+#[allow(dead_code)]
+#[path = "../examples/chat/llama.rs"]
+mod llama;
+#[allow(dead_code)]
+#[path = "../examples/chat/weights.rs"]
+mod weights;
 #[allow(dead_code)]
 #[path = "../examples/perplexity/harness.rs"]
 mod harness;

@@ -95,7 +95,7 @@ pub struct Setup {
     /// The model file (the GPU forward loads its own weights from it).
     pub path: PathBuf,
     /// The GPU forward's weights, loaded on first use.
-    gpu_weights: Option<Arc<crate::llama::Weights>>,
+    gpu_weights: std::sync::OnceLock<Arc<crate::llama::Weights>>,
 }
 
 /// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root
@@ -158,25 +158,25 @@ impl Setup {
             precision: kvq::Precision::Auto,
             forward: Forward::Cpu,
             path: path.to_path_buf(),
-            gpu_weights: None,
+            gpu_weights: std::sync::OnceLock::new(),
         })
     }
 
     /// The whole forward on the GPU with kvq `codecs` and `exact` tokens: every position's
     /// log-probabilities; `progress` is called after each chunk of tokens.
     fn run_gpu(
-        &mut self,
+        &self,
         codecs: KvCodecs,
         exact: ExactTokens,
         progress: &mut dyn FnMut(),
     ) -> Result<Vec<f32>, String> {
-        if self.gpu_weights.is_none() {
+        if self.gpu_weights.get().is_none() {
             let mut g = crate::gguf::Gguf::open(&self.path).map_err(|e| e.to_string())?;
             let w = crate::llama::Weights::from_gguf(&self.ctx.device, &mut g, None, &mut |_| {})
                 .map_err(|e| e.to_string())?;
-            self.gpu_weights = Some(Arc::new(w));
+            let _ = self.gpu_weights.set(Arc::new(w));
         }
-        let weights = self.gpu_weights.clone().expect("loaded above");
+        let weights = self.gpu_weights.get().expect("loaded above").clone();
         let n = self.tokens.len() as u32;
         let mut opts = Options::new(n, codecs);
         opts.exact = exact;
@@ -204,7 +204,7 @@ impl Setup {
 
     /// Runs the forward with `cache`; `progress` is called after each layer (each chunk of
     /// tokens for a GPU forward).
-    pub fn run(&mut self, cache: Cache, progress: &mut dyn FnMut()) -> Result<Run, String> {
+    pub fn run(&self, cache: Cache, progress: &mut dyn FnMut()) -> Result<Run, String> {
         if self.forward == Forward::Gpu
             && let Cache::Kvq(c) | Cache::KvqExact(c, _) = cache
         {

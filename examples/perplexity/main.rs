@@ -480,7 +480,8 @@ fn run(args: &Args) -> Result<(), String> {
     )?;
     setup.prefill_from = args.prefill_from;
     setup.precision = args.precision;
-    let cfg = &setup.model.cfg.clone();
+    setup.forward = args.forward;
+    let cfg = &setup.model.cfg;
     let device = format!("{} ({:?})", setup.ctx.info.name, setup.ctx.info.backend);
     eprintln!(
         "model: {} layers, {} q / {} kv heads, head_dim {}; {} tokens of {}; kvq on {device}",
@@ -491,7 +492,6 @@ fn run(args: &Args) -> Result<(), String> {
         setup.tokens.len(),
         args.text.display()
     );
-    setup.forward = args.forward;
     let steps: usize = args.codecs.iter().map(|c| setup.progress_steps(*c)).sum();
     let bar = indicatif::ProgressBar::new(steps as u64);
     bar.set_style(
