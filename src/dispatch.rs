@@ -191,9 +191,9 @@ pub const REDUCE: Dispatch = Dispatch {
 
 /// Appends of at most this many tokens take [`APPEND_SMALL`]'s single dispatch, which writes
 /// and commits; longer ones are spread over [`APPEND_WIDE`]'s workgroups plus a commit. One
-/// workgroup encodes a small append's rows one batch after another: on an H200 (qwen3-8b, 8
-/// KV heads) 64 tokens took it 0.13 ms a layer with f16 rows, 1.0 ms with `turbo3_sym` and
-/// 1.5 ms with a QJL K, where the wide dispatch and its commit took 0.02-0.09 ms for 512.
+/// workgroup encodes a small append's rows one batch after another, which for a rotated codec
+/// took many times the wide dispatch's time already at 64 tokens: so only a single token (a
+/// decode step) takes it.
 pub const SMALL_APPEND_MAX_TOKENS: u32 = 1;
 
 #[cfg(test)]

@@ -21,10 +21,10 @@ pub const MAX_LENGTHS: u64 = 1 << 20;
 pub enum Precision {
     /// `Fast` where every quantized side of the cache stores codes of at most 4 bits (and
     /// at least one side is quantized: `q4_sym`, `k_q4`, every turbo, rotor and iso width,
-    /// with or without QJL), else `Exact` (`none`, a cache with an 8-bit side). On the H200
-    /// the f16 prefill kernel took 0.78–0.97× the exact split kernel's time for `q4_sym`,
-    /// `turbo3_sym` and `k_iso3` (a QJL K keeps the split kernel there), and on five 3/4-bit
-    /// codecs `Fast` adds at most 5 % to the codec's own error (tested). It does not check
+    /// with or without QJL), else `Exact` (`none`, a cache with an 8-bit side): at 3 and 4 bits
+    /// the codec's own error dwarfs f16 rounding (`Fast` adds at most 5 % to it on five such
+    /// codecs, tested), and the f16 prefill kernel is the faster chunk kernel on the measured
+    /// GPUs (BENCHMARKS.md, "Chunks"). It does not check
     /// the values' range (see `Fast`): a model whose K or query · key products may pass f16's
     /// wants `Exact`.
     #[default]
@@ -88,8 +88,8 @@ impl std::str::FromStr for Precision {
 
 /// Tokens a cache keeps exact (f16, as the caller gave them) beside their codes, and attends
 /// in place of the codes: each sequence's first `sink` positions and its newest `recent`. On a
-/// real model these are what a quantized cache must not lose (QUALITY.md: on SmolLM2, 16 + 32
-/// of them cut `turbo4_sym`'s KL divergence from 0.068 to 0.006). The store still encodes
+/// real model these are what a 3- or 4-bit cache must not lose (QUALITY.md, "Exact tokens on
+/// the GPU"). The store still encodes
 /// every token, so nothing is re-encoded when a token grows old. Every query, of a decode
 /// step or of a chunk, sees exactly the sink and the `recent` positions up to its own exact.
 /// Costs [`ExactTokens::rows`]` x head_dim x 4` bytes per sequence, KV head and layer
@@ -184,6 +184,15 @@ pub const EXACT_CHUNK_SLICE: u32 = 64;
 /// Most exact tokens a cache keeps per sequence (`sink + recent`).
 pub const MAX_EXACT_TOKENS: u32 = 4096;
 
+/// The head sizes kvq's GPU kernels serve are multiples of this from [`MIN_HEAD_DIM`] to
+/// [`MAX_HEAD_DIM`]: the one statement of the rule, which [`CacheSpec::validate`] and
+/// [`crate::KernelConfig::check`] apply. A codec may ask more ([`crate::Codec::check_head_dim`]).
+pub const HEAD_DIM_MULTIPLE: u32 = 32;
+/// The smallest head size the GPU kernels serve ([`HEAD_DIM_MULTIPLE`]).
+pub const MIN_HEAD_DIM: u32 = 32;
+/// The largest head size the GPU kernels serve ([`HEAD_DIM_MULTIPLE`]).
+pub const MAX_HEAD_DIM: u32 = 256;
+
 /// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ShapeRule {
@@ -202,9 +211,13 @@ pub(crate) fn check_shape(
     gqa: u32,
     workgroup: Option<u32>,
 ) -> std::result::Result<(), (ShapeRule, String)> {
-    if !head_dim.is_multiple_of(32) || !(32..=256).contains(&head_dim) {
-        let why = "kvq's kernels need a multiple of 32 between 32 and 256";
-        return Err((ShapeRule::HeadDim, why.into()));
+    if !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
+        || !(MIN_HEAD_DIM..=MAX_HEAD_DIM).contains(&head_dim)
+    {
+        let why = format!(
+            "kvq's kernels need a multiple of {HEAD_DIM_MULTIPLE} between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}"
+        );
+        return Err((ShapeRule::HeadDim, why));
     }
     if !(1..=8).contains(&gqa) {
         let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
@@ -228,9 +241,9 @@ pub struct CacheSpec {
     pub q_heads: u32,
     /// KV heads per token (`q_heads / kv_heads` is the GQA ratio; it must divide evenly).
     pub kv_heads: u32,
-    /// Values per head vector: a multiple of 32 from 32 to 256 (anything else is
-    /// [`crate::KvqError::UnsupportedHeadDim`]); 64, 96, 128 and 256 are the ones tested
-    /// against the reference.
+    /// Values per head vector: what the kernels serve ([`HEAD_DIM_MULTIPLE`]) and the
+    /// codecs do (anything else is [`crate::KvqError::UnsupportedHeadDim`]); 64, 96, 128 and
+    /// 256 are the ones tested against the reference.
     pub head_dim: u32,
     /// Tokens each sequence can hold (at most [`MAX_CAPACITY`]). With a [`CacheSpec::window`],
     /// the ring of slots holding each sequence's last `capacity` tokens.
@@ -251,10 +264,10 @@ pub struct CacheSpec {
     /// Seed of the codecs' fixed random rotations.
     pub seed: u64,
     /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
-    /// adapter's [`crate::tuning`] entry (an H200 or H100 SXM: the largest split grid that fits in one
-    /// wave of its resident workgroups for this GQA ratio and codec, at most 64 per head; a
-    /// CPU driver: 1-4 by capacity; any other adapter, unmeasured: one wave of a small GPU of
-    /// 16 multiprocessors, [`crate::tuning::UNMEASURED`]).
+    /// adapter's [`crate::tuning`] entry (a measured GPU: the largest split grid that fits in
+    /// one wave of its resident workgroups for this GQA ratio and codec, at most 64 per head;
+    /// a CPU driver: 1-4 by capacity; any other adapter: one wave of a small GPU,
+    /// [`crate::tuning::UNMEASURED`]).
     pub splits: Option<u32>,
     /// Splits per storage segment a chunk's slices take ([`crate::KvCache::chunk`]), at most
     /// the decode's ([`CacheSpec::splits`]; a larger value takes those); `None` picks per
@@ -274,8 +287,9 @@ pub struct CacheSpec {
     /// Chunk slices of at least this many new tokens per sequence are attended by the
     /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
-    /// [`crate::tuning`] entry's (on the H200 and the H100 SXM 64 where the products are f16,
-    /// [`Precision`], and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never. Both kernels compute the same attention; this only chooses the faster one. A
+    /// [`crate::tuning`] entry's (on the measured GPUs 64 where the products are f16,
+    /// [`Precision`], and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never.
+    /// Both kernels compute the same attention; this only chooses the faster one. A
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.
     pub prefill_from: Option<u32>,

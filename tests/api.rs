@@ -626,6 +626,12 @@ fn caches_of_other_sizes_compile_nothing_new() {
         }
     }
     assert!(compiled[0] > 0);
+    // (KVQ_BAKE, a measurement aid, bakes shape numbers back into the text: then the caches'
+    // kernels differ, and only their results are checked.)
+    if std::env::var("KVQ_BAKE").is_ok_and(|v| !v.is_empty()) {
+        eprintln!("KVQ_BAKE is set: pipelines compiled after each cache {compiled:?}");
+        return;
+    }
     assert_eq!(
         compiled, [compiled[0]; 3],
         "pipelines compiled after each cache"

@@ -131,7 +131,7 @@ fn chunks_of_fewer_splits_than_the_decode_match_the_reference() {
     // A chunk's slices take their own split count (CacheSpec::chunk_splits), their partials
     // packed by it segment after segment: 1 and 2 of the decode's 3, across storage segments
     // and a prefix past the new split boundaries, by the split and the prefill kernel, and over
-    // a sliding window (the caches of the tests above, so lavapipe compiles nothing more).
+    // a sliding window.
     for splits in [1, 2] {
         let seg = segmented(spec("q4_sym", 128, 2, 2, 1, 400)).with_chunk_splits(splits);
         check(seg.clone(), 95, &[64, 3, 1, 8]);
@@ -557,7 +557,6 @@ fn f16_products_add_at_most_5_percent_to_a_quantized_codecs_error() {
     // 5 % (relative, mean over rows), on spread and on peaked attention.
     assert!(ctx().capabilities().f16, "the adapter has no shader-f16");
     for codecs in ["q4_sym", "turbo3_sym", "k_iso3", "turbo4_sym", "rotor3_sym"] {
-        // One cache shape for both fixtures: its kernels compile once (lavapipe's cost).
         for (q_scale, d) in [(1.0, 128), (6.0, 128)] {
             let s = spec(codecs, d, 8, 2, 1, 700);
             let exact = error_against_the_original(

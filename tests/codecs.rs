@@ -138,8 +138,8 @@ fn encode_sym(names: &[&str]) {
 }
 
 /// The codec pairings of the attention tests: each on some of the four shapes, rotating so
-/// every shape and GQA ratio meets several codecs (the whole cross product compiles too many
-/// pipelines for a CPU driver).
+/// every shape and GQA ratio meets several codecs. (head_dim, the GQA ratio and the codecs
+/// are in the kernels' text: each pairing of the cross product would be kernels of its own.)
 const ATTENTION_CODECS: [&str; 14] = [
     "q8_sym",
     "q4_sym",
@@ -192,7 +192,7 @@ fn attention_over_quantized_store(range: std::ops::Range<usize>) {
     }
 }
 
-// Split in three so that the test threads share the shader compiles evenly.
+// Split in three, which run on parallel test threads.
 #[test]
 fn attention_over_int_codecs_matches_reference() {
     attention_over_quantized_store(0..6);

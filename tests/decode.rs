@@ -92,8 +92,7 @@ impl Checked {
 }
 
 /// Every head_dim x GQA ratio, growing token by token across split and tile boundaries, with
-/// every decode workgroup size in turn (in two tests, so that the test threads share the
-/// shader compiles).
+/// every decode workgroup size in turn (in two tests, which run on parallel test threads).
 #[test]
 fn shapes_grid_matches_reference() {
     shapes_grid(&[64, 96]);

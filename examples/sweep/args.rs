@@ -4,12 +4,47 @@
 use kvq::GpuContext;
 
 use crate::codec_list::split_codecs;
+use crate::plan::{CPU_DEFAULT, GPU_DEFAULT};
 
-pub const USAGE: &str =
-    "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,...|all]
+/// The usage text, printed on `--help` or on a bad flag.
+pub fn usage() -> String {
+    format!(
+        "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,q8_sym,turbo3_sym+exact,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks] [--kernel-times]
              [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--chunk-splits N] [--precision auto|exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
-       sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)";
+       sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)
+A codec name ending in +exact keeps each sequence's first 16 and newest 32 tokens exact (CacheSpec::with_exact(16, 32));
++exact+kmean also removes K's mean (ExactTokens::k_mean). Defaults: --codecs {}, --csv {DEFAULT_CSV}, --plot {DEFAULT_PLOT};
+on a GPU --model {} --ctx {}, on a CPU adapter --model {} --ctx {}.",
+        DEFAULT_CODECS.join(","),
+        GPU_DEFAULT.0,
+        ctx_list(GPU_DEFAULT.1),
+        CPU_DEFAULT.0,
+        ctx_list(CPU_DEFAULT.1),
+    )
+}
+
+/// Contexts as `--ctx` takes them.
+fn ctx_list(ctx: &[u32]) -> String {
+    let c: Vec<String> = ctx.iter().map(u32::to_string).collect();
+    c.join(",")
+}
+
+/// The codecs a sweep without `--codecs` compares: `none` and one cache of each kind a user
+/// would pick (README.md, "Which codec"): 8-bit, 4-bit int, 3-bit turbo with the exact tokens a
+/// real model needs at 3 bits, and a K-only iso cache as its quality needs it.
+pub const DEFAULT_CODECS: [&str; 5] = [
+    "none",
+    "q8_sym",
+    "q4_sym",
+    "turbo3_sym+exact",
+    "k_iso3+exact+kmean",
+];
+
+/// Where the CSV and the plot go unless `--csv` / `--plot` name other files.
+pub const DEFAULT_CSV: &str = "out/sweep.csv";
+/// See [`DEFAULT_CSV`].
+pub const DEFAULT_PLOT: &str = "out/sweep.svg";
 
 /// How the host waits for a step's commands to finish.
 #[derive(Clone, Copy, PartialEq)]
@@ -34,6 +69,8 @@ impl Wait {
 pub struct Args {
     pub model: Option<String>,
     pub ctx: Option<Vec<u32>>,
+    /// Codec names as asked (`--codecs`), each with an optional `+exact` / `+exact+kmean`
+    /// suffix; [`DEFAULT_CODECS`] without the flag.
     pub codecs: Vec<String>,
     /// Sequences decoded together, each at the point's context.
     pub batch: u32,
@@ -57,13 +94,16 @@ pub struct Args {
     pub kernel_times: bool,
     /// `--wait`; None: see [`Args::wait_on`].
     pub wait: Option<Wait>,
-    pub csv: Option<String>,
+    /// `--csv FILE`; [`DEFAULT_CSV`] without it.
+    pub csv: String,
+    /// `--plot FILE.svg`; [`DEFAULT_PLOT`] without it (required with `--replot`).
     pub plot: Option<String>,
     /// A sweep CSV to plot again (with `--plot`) instead of measuring.
     pub replot: Option<String>,
     pub mem_budget: Option<f64>,
-    /// `--exact SINK,RECENT[,kmean]`: every cache keeps those tokens exact
-    /// (`CacheSpec::with_exact`), and with `kmean` removes K's mean (`ExactTokens::k_mean`).
+    /// `--exact SINK,RECENT[,kmean]`: every cache whose name has no `+exact` suffix keeps
+    /// those tokens exact (`CacheSpec::with_exact`), and with `kmean` removes K's mean
+    /// (`ExactTokens::k_mean`).
     pub exact: kvq::ExactTokens,
     /// `--prefill-from N`: chunk slices of at least N new tokens per sequence take the
     /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning.
@@ -97,7 +137,7 @@ impl Default for Args {
         Args {
             model: None,
             ctx: None,
-            codecs: vec!["none".into()],
+            codecs: DEFAULT_CODECS.iter().map(|c| c.to_string()).collect(),
             batch: 1,
             queries: vec![1],
             rounds: ROUNDS,
@@ -110,7 +150,7 @@ impl Default for Args {
             unfused: false,
             kernel_times: false,
             wait: None,
-            csv: None,
+            csv: DEFAULT_CSV.into(),
             plot: None,
             replot: None,
             mem_budget: None,
@@ -122,7 +162,14 @@ impl Default for Args {
     }
 }
 
-/// Parses the process's arguments; `--help` prints [`USAGE`] and exits.
+impl Args {
+    /// Where the plot goes: `--plot`, else [`DEFAULT_PLOT`].
+    pub fn plot_path(&self) -> &str {
+        self.plot.as_deref().unwrap_or(DEFAULT_PLOT)
+    }
+}
+
+/// Parses the process's arguments; `--help` prints [`usage`] and exits.
 pub fn parse_args() -> Result<Args, String> {
     let mut a = Args::default();
     let mut it = std::env::args().skip(1);
@@ -137,7 +184,7 @@ pub fn parse_args() -> Result<Args, String> {
             "--kernel-times" => a.kernel_times = true,
             "--shader-checks" => a.shader_checks = true,
             "-h" | "--help" => {
-                println!("{USAGE}");
+                println!("{}", usage());
                 std::process::exit(0);
             }
             f if !VALUED.contains(&f) => return Err(format!("unknown flag {f}")),
@@ -241,7 +288,7 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
                 _ => return Err(format!("--wait: '{val}' is not spin or block")),
             }
         }
-        "--csv" => a.csv = Some(val),
+        "--csv" => a.csv = val,
         "--plot" => a.plot = Some(val),
         "--replot" => a.replot = Some(val),
         "--mem-budget" => {

@@ -2,19 +2,19 @@
 //! its columns by name, so older CSVs without later columns still plot).
 
 use crate::args::Wait;
-use crate::measure::{Row, label, tok_s};
+use crate::measure::Row;
 use crate::plot::{Point, plot_title};
 use crate::probe::Peaks;
 use crate::report::{Derived, fmt_opt};
 
-const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy,attn_gflops,fma_peak_gflops,fma_fraction,kernel,precision,kernel_ms\n";
+const HEADER: &str = "codec,model,ctx,layers,step_ms,gpu_ms,tok_s,gbps,bits_k,bits_v,ratio_vs_none,host_bytes_per_step,dispatches_per_step,record_ms,copy_gbps,bw_fraction,device_bytes,wall_ms,splits,wait,batch,queries,rounds,spread,noisy,attn_gflops,fma_peak_gflops,fma_fraction,kernel,precision,kernel_ms,noisy_why\n";
 
 /// The whole CSV text: the header, then one line per row.
 pub fn text(rows: &[Row], derived: &[Derived], model: &str, peaks: &Peaks, wait: Wait) -> String {
     let mut csv = String::from(HEADER);
     for (r, d) in rows.iter().zip(derived) {
         csv += &format!(
-            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{},{:.1},{},{},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{:.2},{:.1},{:.3},{:.3},{},{},{},{:.4},{},{},{},{:.4},{},{},{},{},{},{:.4},{},{:.1},{},{},{},{},{},{}\n",
             field(&r.codec),
             model,
             r.ctx,
@@ -45,7 +45,8 @@ pub fn text(rows: &[Row], derived: &[Derived], model: &str, peaks: &Peaks, wait:
             fmt_opt(d.fma_frac, 4),
             r.kernel,
             r.precision.name(),
-            field(&r.kernel_times())
+            field(&r.kernel_times()),
+            field(d.noisy_why.as_deref().unwrap_or(""))
         );
     }
     csv
@@ -81,8 +82,9 @@ fn fields(line: &str) -> Vec<String> {
     fields
 }
 
-/// The plot's points and title from a sweep CSV (this example's header; `batch` may be absent,
-/// as in CSVs older than it). The title names the CSV file where a sweep's names the device.
+/// The plot's points and title from a sweep CSV (this example's header; `batch` and
+/// `queries` may be absent, as in CSVs older than them). The title names the CSV file where a
+/// sweep's names the device.
 pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
     let text = std::fs::read_to_string(csv).map_err(|e| e.to_string())?;
     let mut lines = text.lines();
@@ -90,14 +92,14 @@ pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
     let header = fields(first.trim_start_matches('\u{feff}'));
     let col = |name: &str| header.iter().position(|h| h == name);
     let need = |name: &str| col(name).ok_or(format!("no '{name}' column"));
-    let (codec, model, ctx, layers, step) = (
+    let (codec, model, ctx, layers, step, mem) = (
         need("codec")?,
         need("model")?,
         need("ctx")?,
         need("layers")?,
         need("step_ms")?,
+        need("device_bytes")?,
     );
-    let batch = col("batch");
     let queries = col("queries");
     let mut points = Vec::new();
     let mut title = String::new();
@@ -115,12 +117,12 @@ pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
             f[c].parse::<f64>()
                 .map_err(|_| format!("line {n}: '{}' is not a number", f[c]))
         };
-        let (step_ms, ctx) = (num(step)?, num(ctx)?);
-        let b = batch.map_or(Ok(1.0), num)?;
+        let (step_ms, ctx, mem) = (num(step)?, num(ctx)?, num(mem)?);
         let q = queries.map_or(Ok(1.0), num)?;
-        let tok_s = tok_s(b * q, step_ms);
-        if !(step_ms > 0.0 && b >= 1.0 && tok_s.is_finite() && tok_s > 0.0) {
-            return Err(format!("line {n}: step_ms or batch out of range"));
+        if !(step_ms > 0.0 && step_ms.is_finite() && mem > 0.0 && q >= 1.0) {
+            return Err(format!(
+                "line {n}: step_ms, device_bytes or queries out of range"
+            ));
         }
         if !(1.0..=u32::MAX as f64).contains(&ctx) || ctx.fract() != 0.0 {
             return Err(format!("line {n}: ctx is not a token count"));
@@ -132,9 +134,11 @@ pub fn read_points(csv: &str) -> Result<(Vec<Point>, String), String> {
             title = plot_title(&f[model], &f[layers], &format!("from {file}"));
         }
         points.push(Point {
-            codec: label(&f[codec], q as u32),
+            name: f[codec].clone(),
+            queries: q as u32,
             ctx: ctx as u32,
-            tok_s,
+            mem_bytes: mem as u64,
+            step_ms,
         });
     }
     Ok((points, title))

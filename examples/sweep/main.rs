@@ -1,24 +1,26 @@
-//! Decode sweep: measures the adapter's read bandwidth once, then for each (codec, context)
-//! fills a cache to the context and times decode steps (append + attend for every layer, one
-//! submit per step; the step time is the host clock around submit + wait, the recording is
-//! timed on its own; on a GPU the wait spins on the queue, as CUDA's default synchronize does,
-//! unless `--wait block`). Prints a progress bar (stderr, on a terminal; plain lines
-//! otherwise), a table (stdout), each codec's device memory by part, and writes a CSV and an
-//! SVG plot.
+//! The main job: what each KV cache costs in decode step time and saves in memory against
+//! `none` (f16). Measures the adapter's read bandwidth and FMA rate once, then for each cache
+//! and context fills a cache to the context and times decode steps (append + attend for every
+//! layer, one submit per step, recorded beforehand), in interleaved rounds. Prints progress
+//! (stderr), the table, one line per noisy point saying why, each cache's memory by part and
+//! its cost against `none` (stdout), and writes a CSV and an SVG plot (default
+//! `out/sweep.csv`, `out/sweep.svg`, named at the end).
 //!
-//! `cargo run --release --example sweep -- --model qwen3-8b --ctx 1024,4096,32768 --codecs all
-//! --csv out.csv --plot out.svg`. On a CPU adapter it picks small sizes where none are
-//! given (the tiny model without --model, short contexts without --ctx) so the default command finishes in seconds. `--replot FILE.csv --plot
-//! FILE.svg` plots an earlier sweep's CSV again without measuring (or needing a GPU); its
-//! title names the CSV file where a sweep's names the device.
+//! `cargo run --release --example sweep` compares `none` with four caches worth picking
+//! ([`args::DEFAULT_CODECS`]) at sizes that suit the adapter ([`plan::GPU_DEFAULT`],
+//! [`plan::CPU_DEFAULT`]); `--help` lists the flags, examples/README.md what each output
+//! holds. `--replot FILE.csv --plot FILE.svg` draws an earlier sweep's CSV again, without a
+//! GPU.
 //!
-//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the bandwidth
-//! probe), [`measure`] (the timed runs), [`timing`] (their clocks), [`progress`] (stderr),
-//! [`report`] (the table), [`csv`] (the CSV, both ways), [`plot`] (the SVG).
+//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the peak probes),
+//! [`measure`] (the timed runs), [`timing`] (their clocks), [`noise`] (why a point is noisy),
+//! [`progress`] (stderr), [`report`] (stdout), [`csv`] (the CSV, both ways), [`plot`] (the
+//! SVG).
 
 mod args;
 mod csv;
 mod measure;
+mod noise;
 mod plan;
 mod plot;
 mod probe;
@@ -37,7 +39,7 @@ use std::time::Instant;
 use kvq::GpuContext;
 use kvq::memory::fmt_bytes;
 
-use args::{Args, USAGE, parse_args};
+use args::{Args, parse_args};
 use measure::{PointRun, Row, Skip};
 use plan::Plan;
 use plot::{Point, plot_title};
@@ -50,11 +52,12 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
-    let args = parse_args().unwrap_or_else(|e| fail(2, format!("{e}\n{USAGE}")));
-    if let (Some(csv), Some(svg)) = (&args.replot, &args.plot) {
+    let args = parse_args().unwrap_or_else(|e| fail(2, format!("{e}\n{}", args::usage())));
+    if let Some(csv) = &args.replot {
         let (points, title) =
             csv::read_points(csv).unwrap_or_else(|e| fail(1, format!("cannot replot {csv}: {e}")));
-        plot::save(svg, &points, &title);
+        plot::save(args.plot_path(), &points, &title);
+        eprintln!("wrote {}", shown(args.plot_path()));
         return;
     }
     let ctx = GpuContext::new()
@@ -62,30 +65,54 @@ fn main() {
         .with_shader_checks(args.shader_checks);
     let wait = args.wait_on(&ctx);
     let plan = Plan::new(&args, &ctx).unwrap_or_else(|e| fail(2, e));
+    let started = Instant::now();
     let peaks = probe::peaks(&ctx);
     let rows = run_points(&ctx, &plan, &args);
-    let derived = report::derive(&rows, &peaks);
+    let derived = report::derive(&rows, &peaks, ctx.is_cpu());
     report::print(&rows, &derived, &peaks, wait);
-    if let Some(path) = &args.csv {
-        let text = csv::text(&rows, &derived, plan.model.name, &peaks, wait);
-        match std::fs::File::create(path).and_then(|mut f| f.write_all(text.as_bytes())) {
-            Ok(()) => eprintln!("wrote {path}"),
-            Err(e) => fail(1, format!("cannot write {path}: {e}")),
-        }
+    let text = csv::text(&rows, &derived, plan.model.name, &peaks, wait);
+    write_file(&args.csv, text.as_bytes());
+    let m = plan.model;
+    let title = plot_title(m.name, m.layers, &ctx.info.name);
+    let points: Vec<Point> = rows
+        .iter()
+        .map(|r| Point {
+            name: r.codec.clone(),
+            queries: r.queries,
+            ctx: r.ctx,
+            mem_bytes: r.mem.total(),
+            step_ms: r.step_ms,
+        })
+        .collect();
+    plot::save(args.plot_path(), &points, &title);
+    println!(
+        "\n{} points in {:.0} s. Wrote {} (every column, one row per cache and context) and {} (step time against memory, each cache against none).",
+        rows.len(),
+        started.elapsed().as_secs_f64(),
+        shown(&args.csv),
+        shown(args.plot_path())
+    );
+}
+
+/// Writes `bytes` to `path`, its folder created if missing; a failure ends the sweep (exit 1).
+fn write_file(path: &str, bytes: &[u8]) {
+    let path_ref = std::path::Path::new(path);
+    let result = match path_ref.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir),
+        _ => Ok(()),
     }
-    if let Some(path) = &args.plot {
-        let m = plan.model;
-        let title = plot_title(m.name, m.layers, &ctx.info.name);
-        let points: Vec<Point> = rows
-            .iter()
-            .map(|r| Point {
-                codec: r.label(),
-                ctx: r.ctx,
-                tok_s: r.tok_s(),
-            })
-            .collect();
-        plot::save(path, &points, &title);
+    .and_then(|()| std::fs::File::create(path_ref))
+    .and_then(|mut f| f.write_all(bytes));
+    if let Err(e) = result {
+        fail(1, format!("cannot write {path}: {e}"));
     }
+}
+
+/// `path` as the user can find it: absolute where the file exists.
+fn shown(path: &str) -> String {
+    std::fs::canonicalize(path)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| path.to_string())
 }
 
 /// Every (context, queries, codec) point, contexts outermost, in `args.rounds` interleaved
@@ -104,14 +131,14 @@ fn run_points(ctx: &GpuContext, plan: &Plan, args: &Args) -> Vec<Row> {
         for round in 1..=args.rounds {
             let mut at = 0;
             for &n in &args.queries {
-                for (name, codecs) in &plan.codecs {
-                    let run = run_point(ctx, plan, args, &progress, (name, *codecs), c, n);
+                for entry in &plan.codecs {
+                    let run = run_point(ctx, plan, args, &progress, entry, c, n);
                     done += 1;
                     if let Some(r) = run {
                         progress.line(format!(
                             "[{done}/{total}] round {round}/{}: {} ctx {c}: {:.3} ms/step, {} on the device",
                             args.rounds,
-                            measure::label(name, n),
+                            measure::label(&entry.name, n),
                             r.step_ms,
                             fmt_bytes(r.mem.total()),
                         ));
@@ -140,13 +167,13 @@ fn run_point(
     plan: &Plan,
     args: &Args,
     progress: &Progress,
-    (name, codecs): (&str, kvq::KvCodecs),
+    entry: &plan::Entry,
     c: u32,
     n: u32,
 ) -> Option<Row> {
-    let label = measure::label(name, n);
+    let label = measure::label(&entry.name, n);
     let t = Instant::now();
-    let result = match plan.over_budget(codecs, c, n, args) {
+    let result = match plan.over_budget(entry.codecs, c, n, args) {
         Some(why) => Err(Skip::Skipped(why)),
         None => PointRun {
             ctx,
@@ -154,8 +181,9 @@ fn run_point(
             args,
             steps: plan.steps,
             progress,
-            name,
-            codecs,
+            name: &entry.name,
+            codecs: entry.codecs,
+            exact: entry.exact,
             context: c,
             queries: n,
         }

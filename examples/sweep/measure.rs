@@ -9,6 +9,7 @@ use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MemoryR
 
 use crate::args::Args;
 use crate::models::Model;
+use crate::noise::CpuTimes;
 use crate::progress::Progress;
 use crate::timing::{Timestamps, median, ms, submit_and_wait, wait_for};
 
@@ -51,6 +52,9 @@ pub struct Row {
     /// The point's figure (GPU ms where timed, else step ms) in each round, in round order:
     /// the timing fields above are the medians of the rounds' medians.
     pub rounds: Vec<f64>,
+    /// Per round: the share of the host's CPU time other processes used while its steps ran
+    /// (None where the host does not say), for [`crate::noise::why`].
+    pub others_cpu: Vec<Option<f64>>,
     /// GPU ms per kernel of one more step, each dispatch timed (`--kernel-times`; the first
     /// round's), else empty.
     pub kernel_ms: Vec<kvq::KernelTime>,
@@ -78,6 +82,7 @@ impl Row {
     /// the median over the rounds, the rest as the first round measured it.
     pub fn merge(mut rounds: Vec<Row>) -> Row {
         let figures: Vec<f64> = rounds.iter().flat_map(|r| r.rounds.clone()).collect();
+        let others: Vec<Option<f64>> = rounds.iter().flat_map(|r| r.others_cpu.clone()).collect();
         let mid = |f: &dyn Fn(&Row) -> f64| median(&mut rounds.iter().map(f).collect::<Vec<_>>());
         let step_ms = mid(&|r| r.step_ms);
         let record_ms = mid(&|r| r.record_ms);
@@ -93,6 +98,7 @@ impl Row {
         row.wall_ms = wall_ms;
         row.gpu_ms = gpu_ms;
         row.rounds = figures;
+        row.others_cpu = others;
         row
     }
 }
@@ -214,6 +220,8 @@ pub struct PointRun<'a> {
     pub progress: &'a Progress,
     pub name: &'a str,
     pub codecs: KvCodecs,
+    /// The cache's exact tokens (the entry's suffix, else `--exact`).
+    pub exact: kvq::ExactTokens,
     pub context: u32,
     /// New tokens per sequence a step appends and attends.
     pub queries: u32,
@@ -242,6 +250,8 @@ struct Timed {
     wall_ms: f64,
     gpu_ms: Option<f64>,
     stats: kvq::TransferStats,
+    /// Other processes' share of the host's CPU over the warm-up and timed steps.
+    others_cpu: Option<f64>,
 }
 
 impl PointRun<'_> {
@@ -257,7 +267,7 @@ impl PointRun<'_> {
         )
         .with_codecs(self.codecs)
         .with_batch(args.batch);
-        spec.exact = args.exact;
+        spec.exact = self.exact;
         spec.splits = args.splits;
         spec.workgroup = args.wg;
         spec.prefill_from = args.prefill_from;
@@ -313,6 +323,7 @@ impl PointRun<'_> {
                 _ => "split",
             },
             rounds: vec![t.gpu_ms.unwrap_or(t.host_ms)],
+            others_cpu: vec![t.others_cpu],
             kernel_ms,
         })
     }
@@ -461,10 +472,10 @@ impl PointRun<'_> {
         })
     }
 
-    /// GPUs lower their clocks while mostly idle (measured on the H200: 540-1170 MHz instead
-    /// of 1980 between points, and short steps leave the GPU idle a third of the time), which
-    /// made whole 1k-4k points 1.5-6x slow. Attends back to back (they change no length) bring
-    /// the clocks up before the warm-up steps, as a model's other layers would in an engine.
+    /// GPUs lower their clocks while mostly idle, and short steps leave a GPU idle much of the
+    /// time, which made whole short-context points several times slow (BENCHMARKS.md,
+    /// "Measurement pitfalls"). Attends back to back (they change no length) bring the clocks
+    /// up before the warm-up steps, as a model's other layers would in an engine.
     fn raise_clocks(&self, cache: &KvCache, io: &kvq::AttendIo) -> Result<(), Skip> {
         let ctx = self.ctx;
         let busy = self
@@ -506,6 +517,7 @@ impl PointRun<'_> {
         let mut record_ms = Vec::new();
         let mut wall_ms = Vec::new();
         let mut before = ctx.stats();
+        let cpu_before = CpuTimes::now();
         for s in 0..total {
             // Outside the timed part of the step.
             self.status(format_args!("step {}/{total}", s + 1));
@@ -545,6 +557,10 @@ impl PointRun<'_> {
             }
         }
         let stats = ctx.stats() - before;
+        let others_cpu = match (cpu_before, CpuTimes::now()) {
+            (Some(a), Some(b)) => b.others_since(&a),
+            _ => None,
+        };
         let gpu_ms = match &ts {
             Some(t) => Some(median(&mut t.read_ms(ctx, args.warmup..total)?)),
             None => None,
@@ -555,6 +571,7 @@ impl PointRun<'_> {
             wall_ms: median(&mut wall_ms),
             gpu_ms,
             stats,
+            others_cpu,
         })
     }
 }

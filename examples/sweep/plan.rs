@@ -2,19 +2,25 @@
 //! settle on, and the memory budget a point's cache must fit.
 
 use kvq::memory::fmt_bytes;
-use kvq::{GpuContext, KvCodecs};
+use kvq::{ExactTokens, GpuContext, KvCodecs};
 
 use crate::args::Args;
 use crate::measure::capacity;
 use crate::models::{MODELS, Model};
+
+/// The model and contexts a sweep on a GPU takes unless `--model` / `--ctx` name others.
+pub const GPU_DEFAULT: (&str, &[u32]) = ("llama3-8b", &[4096, 32768]);
+/// The same on a CPU adapter (lavapipe): a small model and short contexts, so that the sweep
+/// without flags finishes in about a minute on 2 cores.
+pub const CPU_DEFAULT: (&str, &[u32]) = ("tiny", &[1024, 8192]);
 
 pub struct Plan {
     pub model: &'static Model,
     pub ctxs: Vec<u32>,
     /// Timed steps per point.
     pub steps: usize,
-    /// (name as asked, codecs), only those the GPU path serves.
-    pub codecs: Vec<(String, KvCodecs)>,
+    /// The caches to time, only those the GPU path serves.
+    pub codecs: Vec<Entry>,
     /// The most K/V store bytes a point may plan, and where that limit comes from.
     budget: Option<(u64, &'static str)>,
 }
@@ -26,13 +32,8 @@ impl Plan {
     /// model or codec or zero steps is an error (before anything is printed).
     pub fn new(args: &Args, ctx: &GpuContext) -> Result<Plan, String> {
         let small = ctx.is_cpu();
-        let model_name = args.model.clone().unwrap_or_else(|| {
-            if small {
-                "tiny".into()
-            } else {
-                "llama3-8b".into()
-            }
-        });
+        let (default_model, default_ctx) = if small { CPU_DEFAULT } else { GPU_DEFAULT };
+        let model_name = args.model.as_deref().unwrap_or(default_model);
         let Some(model) = MODELS.iter().find(|m| m.name == model_name) else {
             let names: Vec<_> = MODELS.iter().map(|m| m.name).collect();
             return Err(format!(
@@ -40,13 +41,7 @@ impl Plan {
                 names.join(", ")
             ));
         };
-        let ctxs = args.ctx.clone().unwrap_or_else(|| {
-            if small {
-                vec![256, 1024]
-            } else {
-                vec![4096, 32768]
-            }
-        });
+        let ctxs = args.ctx.clone().unwrap_or_else(|| default_ctx.to_vec());
         let steps = args.steps.unwrap_or(if ctx.is_cpu() { 5 } else { 50 });
         if steps == 0 {
             return Err("--steps must be at least 1".into());
@@ -55,7 +50,7 @@ impl Plan {
             model,
             ctxs,
             steps,
-            codecs: parse_codecs(&args.codecs)?,
+            codecs: parse_codecs(&args.codecs, args.exact)?,
             budget: None,
         };
         plan.announce(
@@ -65,10 +60,14 @@ impl Plan {
         );
         // Codecs the GPU path does not serve yet: one line each, asked of the library (never
         // a list kept here).
-        plan.codecs.retain(|(name, c)| {
+        plan.codecs.retain(|e| {
+            let c = e.codecs;
             let ok = kvq::kernels::gpu_supported(c.k) && kvq::kernels::gpu_supported(c.v);
             if !ok {
-                eprintln!("skipped codec {name}: no GPU kernels yet (CPU reference only)");
+                eprintln!(
+                    "skipped codec {}: no GPU kernels yet (CPU reference only)",
+                    e.name
+                );
             }
             ok
         });
@@ -129,20 +128,56 @@ impl Plan {
     }
 }
 
-/// `--codecs` names (`all`: every name the library lists) with their parsed codecs.
-fn parse_codecs(asked: &[String]) -> Result<Vec<(String, KvCodecs)>, String> {
+/// One cache the sweep times: its name as asked (the table's, the CSV's and the plot's), its
+/// codecs and its exact tokens.
+pub struct Entry {
+    pub name: String,
+    pub codecs: KvCodecs,
+    pub exact: ExactTokens,
+}
+
+/// The exact tokens a `+exact` suffix asks for: the window the quality measurements recommend
+/// (QUALITY.md, "Exact tokens on the GPU").
+const EXACT_SUFFIX: ExactTokens = ExactTokens {
+    sink: 16,
+    recent: 32,
+    k_mean: false,
+};
+
+/// A `--codecs` name: a cache name (`KvCodecs::parse`) with an optional `+exact` (16 sink and
+/// 32 recent tokens exact) or `+exact+kmean` (K's mean removed too) suffix; a name without
+/// one takes `global` (`--exact`).
+pub fn parse_entry(name: &str, global: ExactTokens) -> Result<Entry, String> {
+    let (cache, exact) = if let Some(c) = name.strip_suffix("+exact+kmean") {
+        (
+            c,
+            ExactTokens {
+                k_mean: true,
+                ..EXACT_SUFFIX
+            },
+        )
+    } else if let Some(c) = name.strip_suffix("+exact") {
+        (c, EXACT_SUFFIX)
+    } else {
+        (name, global)
+    };
+    let codecs = KvCodecs::parse(cache)
+        .map_err(|e| format!("{e}; a sweep's name may end in +exact or +exact+kmean"))?;
+    Ok(Entry {
+        name: name.to_string(),
+        codecs,
+        exact,
+    })
+}
+
+/// `--codecs` names (`all`: every name the library lists) as entries.
+fn parse_codecs(asked: &[String], global: ExactTokens) -> Result<Vec<Entry>, String> {
     let names: Vec<String> = if asked.iter().any(|c| c == "all") {
         KvCodecs::all_names()
     } else {
         asked.to_vec()
     };
-    names
-        .into_iter()
-        .map(|n| match KvCodecs::parse(&n) {
-            Ok(c) => Ok((n, c)),
-            Err(e) => Err(e.to_string()),
-        })
-        .collect()
+    names.iter().map(|n| parse_entry(n, global)).collect()
 }
 
 /// A CPU adapter's memory is the host's: stay within half of what is free, so a big context

@@ -15,6 +15,10 @@ pub struct Derived {
     pub gbps: f64,
     /// step_ms over `none`'s at the same context and queries.
     pub ratio: Option<f64>,
+    /// The cache's device memory over `none`'s at the same context and queries.
+    pub mem_ratio: Option<f64>,
+    /// Why the point's rounds disagree, where they do ([`Row::noisy`]).
+    pub noisy_why: Option<String>,
     /// `gbps` over the peak.
     pub frac: Option<f64>,
     /// Attention GFLOP/s over the GPU time (host time where untimed).
@@ -23,11 +27,11 @@ pub struct Derived {
     pub fma_frac: Option<f64>,
 }
 
-pub fn derive(rows: &[Row], peaks: &Peaks) -> Vec<Derived> {
-    let none_ms = |c: u32, n: u32| {
+/// Each row's [`Derived`]; `cpu_adapter`: the device runs on the host's cores.
+pub fn derive(rows: &[Row], peaks: &Peaks, cpu_adapter: bool) -> Vec<Derived> {
+    let none = |c: u32, n: u32| {
         rows.iter()
             .find(|r| r.codec == "none" && r.ctx == c && r.queries == n)
-            .map(|r| r.step_ms)
     };
     rows.iter()
         .map(|r| {
@@ -36,7 +40,10 @@ pub fn derive(rows: &[Row], peaks: &Peaks) -> Vec<Derived> {
             let gflops = r.flop / (t * 1e-3) / 1e9;
             Derived {
                 gbps,
-                ratio: none_ms(r.ctx, r.queries).map(|n| r.step_ms / n),
+                ratio: none(r.ctx, r.queries).map(|n| r.step_ms / n.step_ms),
+                mem_ratio: none(r.ctx, r.queries)
+                    .map(|n| r.mem.total() as f64 / n.mem.total() as f64),
+                noisy_why: r.noisy().then(|| crate::noise::why(r, cpu_adapter)),
                 frac: peaks.read.as_ref().map(|p| gbps / p.gbps),
                 gflops,
                 fma_frac: peaks.fma.as_ref().map(|p| gflops / p.gflops),
@@ -93,9 +100,63 @@ pub fn print(rows: &[Row], derived: &[Derived], peaks: &Peaks, wait: Wait) {
             p.gflops, p.how
         );
     }
+    let noisy: Vec<String> = rows
+        .iter()
+        .zip(derived)
+        .filter_map(|(r, d)| {
+            let why = d.noisy_why.as_ref()?;
+            Some(format!(
+                "  {} ctx {}: spread {:.0} %: {why}",
+                r.label(),
+                r.ctx,
+                100.0 * r.spread()
+            ))
+        })
+        .collect();
+    if !noisy.is_empty() {
+        println!("noisy points ('!'), each with the likeliest reason:");
+        for line in noisy {
+            println!("{line}");
+        }
+    }
     print_memory(rows);
+    print_against_none(rows, derived);
 }
 
+/// What each cache costs and saves against `none` at the same context: the question the
+/// plot answers.
+fn print_against_none(rows: &[Row], derived: &[Derived]) {
+    let lines: Vec<String> = rows
+        .iter()
+        .zip(derived)
+        .filter(|(r, _)| r.codec != "none")
+        .filter_map(|(r, d)| {
+            let none = rows
+                .iter()
+                .find(|n| n.codec == "none" && n.ctx == r.ctx && n.queries == r.queries)?;
+            Some(format!(
+                "{:<22} ctx {:>7}: {:.2}x the step time, {:.2}x the memory ({} against {}){}",
+                r.label(),
+                r.ctx,
+                d.ratio?,
+                d.mem_ratio?,
+                fmt_bytes(r.mem.total()),
+                fmt_bytes(none.mem.total()),
+                if r.noisy() || none.noisy() {
+                    ", time noisy ('!')"
+                } else {
+                    ""
+                }
+            ))
+        })
+        .collect();
+    if !lines.is_empty() {
+        println!("\nagainst none at the same context (step time, device memory):");
+        for l in lines {
+            println!("{l}");
+        }
+    }
+}
 fn print_table(rows: &[Row], derived: &[Derived]) {
     println!(
         "\n{:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8} {:>5} {:>7} {:>7} {:>5} {:>5} {:>6} {:>5} {:>10}",

@@ -64,7 +64,13 @@ impl KvCache {
         let device = &ctx.device;
         let f16 = ctx.capabilities().f16;
         let plan = plan::plan(&spec, &device.limits(), ctx.tuning(), &ctx.info.name, f16)?;
-        let pipes = Pipelines::new(ctx, &plan.cfg)?;
+        let pipes = Pipelines::new(
+            device,
+            ctx.kernels(),
+            &plan.cfg,
+            ctx.shader_checks(),
+            ctx.workgroup_poison(),
+        )?;
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         // A buffer that failed to allocate is invalid: binding it is a validation error, which
         // must come back as this call's error too, not reach the device's uncaptured handler.

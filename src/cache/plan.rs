@@ -237,7 +237,24 @@ mod tests {
     use crate::codec::KvCodecs;
     use crate::error::KvqError;
     use crate::spec::CacheSpec;
-    use crate::tuning::{CPU_DRIVER, H200, UNMEASURED};
+    use crate::tuning::{CPU_DRIVER, DeviceTuning, MEASURED, SplitRule, UNMEASURED};
+
+    /// The measured tuning of the largest GPU: one wave over 132 multiprocessors, at most 64
+    /// splits per KV head.
+    fn big_gpu() -> &'static DeviceTuning {
+        MEASURED
+            .iter()
+            .find(|t| {
+                matches!(
+                    t.splits,
+                    SplitRule::OneWave {
+                        multiprocessors: 132,
+                        ..
+                    }
+                )
+            })
+            .expect("a measured one-wave tuning")
+    }
 
     fn limits() -> wgpu::Limits {
         wgpu::Limits {
@@ -255,7 +272,7 @@ mod tests {
     #[test]
     fn one_segment_takes_the_tunings_splits_and_workgroup() {
         let spec = llama3_8b(4096);
-        let p = plan(&spec, &limits(), &H200, "test", false).unwrap();
+        let p = plan(&spec, &limits(), big_gpu(), "test", false).unwrap();
         assert_eq!(p.layout.segments, 1);
         assert_eq!(p.layout.segment_tokens, 4096);
         assert_eq!(p.layout.splits, 64);
@@ -286,14 +303,14 @@ mod tests {
     fn spec_overrides_beat_the_tuning() {
         let mut spec = llama3_8b(4096).with_splits(5);
         spec.workgroup = Some(256);
-        for t in [&H200, &CPU_DRIVER, &UNMEASURED] {
+        for t in [big_gpu(), &CPU_DRIVER, &UNMEASURED] {
             let p = plan(&spec, &limits(), t, "test", false).unwrap();
             assert_eq!((p.layout.splits, p.cfg.workgroup), (5, 256), "{}", t.name);
         }
-        // Without a split count, a wider workgroup halves the H200's resident grid.
+        // Without a split count, a wider workgroup halves the resident grid.
         spec.splits = None;
         assert_eq!(
-            plan(&spec, &limits(), &H200, "t", false)
+            plan(&spec, &limits(), big_gpu(), "t", false)
                 .unwrap()
                 .layout
                 .splits,
@@ -309,11 +326,11 @@ mod tests {
             ..limits()
         };
         let spec = CacheSpec::new(1, 1, 1, 32, 640).with_splits(1);
-        let p = plan(&spec, &small, &H200, "test", false).unwrap();
+        let p = plan(&spec, &small, big_gpu(), "test", false).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (10, 64));
         let mut spec = llama3_8b(4096);
         spec.segment_tokens = Some(32);
-        let p = plan(&spec, &limits(), &H200, "test", false).unwrap();
+        let p = plan(&spec, &limits(), big_gpu(), "test", false).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (128, 32));
         // 128 segments: at most 1024 / 128 - 1 = 7 splits each besides the step's.
         assert_eq!(p.layout.splits, 7);
@@ -321,13 +338,13 @@ mod tests {
         // A segment size of the spec's own is rounded down to whole K blocks.
         let mut spec = llama3_8b(1000);
         spec.segment_tokens = Some(100);
-        let p = plan(&spec, &limits(), &H200, "test", false).unwrap();
+        let p = plan(&spec, &limits(), big_gpu(), "test", false).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (11, 96));
         assert_eq!(p.layout.splits, 64);
         // A capacity that fits one segment is not rounded.
         spec.segment_tokens = Some(1000);
         assert_eq!(
-            plan(&spec, &limits(), &H200, "t", false)
+            plan(&spec, &limits(), big_gpu(), "t", false)
                 .unwrap()
                 .layout
                 .segment_tokens,
@@ -342,7 +359,7 @@ mod tests {
             ..limits()
         };
         // Less than 32 tokens of every head in a binding.
-        match plan(&llama3_8b(4096), &tiny(32 << 10), &H200, "gpu", false) {
+        match plan(&llama3_8b(4096), &tiny(32 << 10), big_gpu(), "gpu", false) {
             Err(KvqError::AdapterTooWeak {
                 adapter,
                 needed,
@@ -357,7 +374,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Not even one token.
-        match plan(&llama3_8b(4096), &tiny(1024), &H200, "gpu", false) {
+        match plan(&llama3_8b(4096), &tiny(1024), big_gpu(), "gpu", false) {
             Err(KvqError::AdapterTooWeak { needed, .. }) => assert_eq!(needed, 2048),
             other => panic!("{other:?}"),
         }
@@ -365,7 +382,7 @@ mod tests {
         let mut spec = llama3_8b(32 * 513);
         spec.segment_tokens = Some(32);
         assert!(matches!(
-            plan(&spec, &limits(), &H200, "gpu", false),
+            plan(&spec, &limits(), big_gpu(), "gpu", false),
             Err(KvqError::InvalidSpec(_))
         ));
         // The split kernel's workgroup memory.
@@ -374,7 +391,7 @@ mod tests {
             ..limits()
         };
         assert!(matches!(
-            plan(&llama3_8b(4096), &no_wg_memory, &H200, "gpu", false),
+            plan(&llama3_8b(4096), &no_wg_memory, big_gpu(), "gpu", false),
             Err(KvqError::AdapterTooWeak { .. })
         ));
         // A spec the checks refuse, and a codec with no GPU kernels.
@@ -382,7 +399,7 @@ mod tests {
             plan(
                 &CacheSpec::new(0, 4, 4, 64, 16),
                 &limits(),
-                &H200,
+                big_gpu(),
                 "gpu",
                 false
             ),
@@ -390,7 +407,7 @@ mod tests {
         ));
         let qjl_only = llama3_8b(64).with_codecs(KvCodecs::parse("k_turbo0+qjl").unwrap());
         assert!(matches!(
-            plan(&qjl_only, &limits(), &H200, "gpu", false),
+            plan(&qjl_only, &limits(), big_gpu(), "gpu", false),
             Err(KvqError::InvalidSpec(_))
         ));
     }

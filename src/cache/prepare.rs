@@ -15,6 +15,23 @@ use crate::spec::EXACT_CHUNK_SLICE;
 /// stays that of this many queries (qwen3-8b at 64 splits: 1.1 MB a query).
 pub const CHUNK_SLICE_TOKENS: u32 = 256;
 
+/// New tokens' K and V as every preparing call takes them: `k`, `v` hold `n` tokens per
+/// sequence, `[batch, n, kv_heads, head_dim]` of `input` elements.
+#[derive(Clone, Copy)]
+struct NewTokens<'a> {
+    k: &'a wgpu::Buffer,
+    v: &'a wgpu::Buffer,
+    n: u32,
+    input: InputType,
+}
+
+/// A query and its output, `[batch, tokens, q_heads, head_dim]` f32 each.
+#[derive(Clone, Copy)]
+struct Queries<'a> {
+    q: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+}
+
 /// Words each invocation of the wide append handles at least.
 const WIDE_ITEMS: u32 = 16;
 /// Rows of a rotated codec each wide-append workgroup encodes (several cooperative passes).
@@ -40,21 +57,19 @@ impl KvCache {
         n: u32,
         input: InputType,
     ) -> Result<AppendInput> {
-        self.check_kv_inputs(k, v, n, input)?;
-        self.append_slice(k, v, n, 0, n, input)
+        let new = NewTokens { k, v, n, input };
+        self.check_new_tokens(new)?;
+        self.append_slice(new, 0, n)
     }
 
-    /// An append of tokens `first .. first + n` of buffers holding `stride` new tokens per
-    /// sequence (checked by the caller).
-    fn append_slice(
-        &self,
-        k: &wgpu::Buffer,
-        v: &wgpu::Buffer,
-        stride: u32,
-        first: u32,
-        n: u32,
-        input: InputType,
-    ) -> Result<AppendInput> {
+    /// An append of tokens `first .. first + n` of `new`'s (checked by the caller).
+    fn append_slice(&self, new: NewTokens, first: u32, n: u32) -> Result<AppendInput> {
+        let NewTokens {
+            k,
+            v,
+            n: stride,
+            input,
+        } = new;
         // Built here, once, so that recording an append never compiles a pipeline.
         self.pipes.append(input)?;
         let s = &self.spec;
@@ -99,7 +114,7 @@ impl KvCache {
     /// Prepares a caller's query buffer (`[batch, q_heads, head_dim]` f32, STORAGE) and output
     /// buffer (same shape, STORAGE) for [`KvCache::attend`].
     pub fn attend_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<AttendIo> {
-        self.check_query_io(q, out, 1)?;
+        self.check_queries(Queries { q, out }, 1)?;
         check_distinct(&[("out", out)], &[("q", q)])?;
         Ok(AttendIo {
             cache: self.id,
@@ -119,8 +134,8 @@ impl KvCache {
         q: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<StepIo> {
-        self.check_kv_inputs(k, v, n, input)?;
-        self.check_query_io(q, out, 1)?;
+        self.check_new_tokens(NewTokens { k, v, n, input })?;
+        self.check_queries(Queries { q, out }, 1)?;
         check_distinct(&[("out", out)], &[("q", q), ("k", k), ("v", v)])?;
         // Built here, once, so that recording a step never compiles a pipeline.
         self.pipes.step(input)?;
@@ -159,7 +174,7 @@ impl KvCache {
         q: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<ChunkIo> {
-        self.chunk_io_with(k, v, n, input, q, out, None)
+        self.chunk_io_with(NewTokens { k, v, n, input }, Queries { q, out }, None)
     }
 
     /// [`KvCache::chunk_io`], and each output row's log-sum-exp of its scaled scores
@@ -177,23 +192,20 @@ impl KvCache {
         out: &wgpu::Buffer,
         lse: &wgpu::Buffer,
     ) -> Result<ChunkIo> {
-        self.chunk_io_with(k, v, n, input, q, out, Some(lse))
+        self.chunk_io_with(NewTokens { k, v, n, input }, Queries { q, out }, Some(lse))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn chunk_io_with(
         &self,
-        k: &wgpu::Buffer,
-        v: &wgpu::Buffer,
-        n: u32,
-        input: InputType,
-        q: &wgpu::Buffer,
-        out: &wgpu::Buffer,
+        new: NewTokens,
+        io: Queries,
         lse: Option<&wgpu::Buffer>,
     ) -> Result<ChunkIo> {
         let s = &self.spec;
-        self.check_kv_inputs(k, v, n, input)?;
-        self.check_query_io(q, out, n)?;
+        let NewTokens { k, v, n, input } = new;
+        let Queries { q, out } = io;
+        self.check_new_tokens(new)?;
+        self.check_queries(io, n)?;
         if let Some(b) = lse {
             let need = s.batch as u64 * n as u64 * s.q_heads as u64 * 4;
             self.check_buffer("lse", b, need, wgpu::BufferUsages::STORAGE)?;
@@ -252,7 +264,7 @@ impl KvCache {
         let append = if interleaved {
             None
         } else {
-            Some(self.append_slice(k, v, n, 0, n, input)?)
+            Some(self.append_slice(new, 0, n)?)
         };
         // Built here, once, so that recording a chunk never compiles a pipeline.
         self.pipes.chunk()?;
@@ -303,7 +315,7 @@ impl KvCache {
             let params = self.uniform("kvq chunk slice", words)?;
             let bufs = [q, out, &params, lse_buf];
             let append = if interleaved {
-                Some(self.append_slice(k, v, n, first, count, input)?)
+                Some(self.append_slice(new, first, count)?)
             } else {
                 None
             };
@@ -383,13 +395,8 @@ impl KvCache {
         Ok(())
     }
 
-    fn check_kv_inputs(
-        &self,
-        k: &wgpu::Buffer,
-        v: &wgpu::Buffer,
-        n: u32,
-        input: InputType,
-    ) -> Result<()> {
+    fn check_new_tokens(&self, new: NewTokens) -> Result<()> {
+        let NewTokens { k, v, n, input } = new;
         let s = &self.spec;
         if n == 0 {
             return Err(KvqError::InvalidArgument(
@@ -410,7 +417,8 @@ impl KvCache {
     }
 
     /// Query and output buffers for `tokens` queries per sequence.
-    fn check_query_io(&self, q: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32) -> Result<()> {
+    fn check_queries(&self, io: Queries, tokens: u32) -> Result<()> {
+        let Queries { q, out } = io;
         let s = &self.spec;
         let need = s.batch as u64 * tokens as u64 * s.q_heads as u64 * s.head_dim as u64 * 4;
         self.check_buffer("q", q, need, wgpu::BufferUsages::STORAGE)?;

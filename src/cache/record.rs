@@ -132,8 +132,8 @@ impl KvCache {
     /// [`KvCache::truncate`] drops the rejected ones. The attention is the split-K decode
     /// kernel with the query rows of several new tokens per workgroup (8 rows: 2 tokens at GQA
     /// 4, 8 at GQA 1), so a chunk reads the stored K/V once per workgroup's tokens, not once per
-    /// token; each row still reads its query once per key, which is what bounds it on an H200
-    /// (BENCHMARKS.md, "Chunks").
+    /// token; each row still reads its query once per key, which is what bounds it on the
+    /// measured GPUs (BENCHMARKS.md, "Chunks").
     pub fn chunk_in_pass(
         &mut self,
         pass: &mut wgpu::ComputePass<'_>,

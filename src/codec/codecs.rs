@@ -268,10 +268,12 @@ impl Codec {
         }
     }
 
-    /// Checks that this codec can serve vectors of `head_dim` values. Every codec serves 64,
-    /// 96, 128 and 256. Rules: `8 <= head_dim <= 256` and a multiple of 8 for all codecs;
-    /// additionally a multiple of 32 for sym (its scale blocks) and turbo (its Hadamard
-    /// blocks). Iso needs a multiple of 4 and rotor anything, both implied by the base rule.
+    /// Checks that this codec's rows (its layout and CPU reference) can hold vectors of
+    /// `head_dim` values; a cache's GPU kernels need more ([`crate::spec::HEAD_DIM_MULTIPLE`]).
+    /// Every codec serves 64, 96, 128 and 256. Rules: `8 <= head_dim <= 256` and a multiple of
+    /// 8 for all codecs; additionally a multiple of 32 for sym (its scale blocks) and turbo
+    /// (its Hadamard blocks). Iso needs a multiple of 4 and rotor anything, both implied by
+    /// the base rule.
     pub fn check_head_dim(&self, head_dim: u32) -> Result<(), KvqError> {
         self.validate()?;
         let err = |reason: &str| {

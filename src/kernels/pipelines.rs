@@ -4,7 +4,6 @@
 use std::sync::{Arc, OnceLock};
 
 use super::cache::{Compile, KernelCache, Layouts};
-use crate::context::GpuContext;
 use crate::error::Result;
 use crate::kernels::config::KernelConfig;
 use crate::kernels::module::{InputType, KernelModule, LayoutTable};
@@ -69,17 +68,24 @@ impl Source {
 }
 
 impl Pipelines {
-    /// The pipelines of `cfg` on `ctx`, compiled as the context says
+    /// The pipelines of `cfg` on `device`, from `kernels` (its context's), compiled with all
+    /// checks or poisoned workgroup memory as the context says
     /// ([`crate::GpuContext::with_shader_checks`], [`crate::GpuContext::with_workgroup_poison`]).
-    pub fn new(ctx: &GpuContext, cfg: &KernelConfig) -> Result<Pipelines> {
+    pub fn new(
+        device: &wgpu::Device,
+        kernels: &Arc<KernelCache>,
+        cfg: &KernelConfig,
+        all_checks: bool,
+        poison: bool,
+    ) -> Result<Pipelines> {
         let source = Source {
-            device: ctx.device.clone(),
-            kernels: ctx.kernels().clone(),
+            device: device.clone(),
+            kernels: kernels.clone(),
             cfg: cfg.clone(),
             compile: Compile {
-                all_checks: ctx.shader_checks(),
+                all_checks,
                 clamps: cfg.clamps_indices(),
-                poison: ctx.workgroup_poison(),
+                poison,
             },
         };
         Ok(Pipelines {
