@@ -76,6 +76,8 @@ const USAGE: &str =
                  exact (CacheSpec::with_exact; rows '<codec> [sinkS+recentR]'); S,R,kmean also
                  removes K's mean over the sink (ExactTokens::k_mean; rows
                  '<codec> [kmean+sinkS+recentR]'); several sets separated by ';'
+  --exact-codecs LIST  the codecs --exact adds rows for (default: every codec of --codecs;
+                 these need not be in --codecs)
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
                  recentN keeps exact, no longer count
@@ -153,6 +155,7 @@ fn parse_args() -> Result<Args, String> {
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
     let mut exact: Vec<kvq::ExactTokens> = Vec::new();
+    let mut exact_codecs: Option<Vec<KvCodecs>> = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -178,6 +181,14 @@ fn parse_args() -> Result<Args, String> {
                 for set in val.split(';') {
                     exact.push(set.parse().map_err(|e| format!("--exact: {e}"))?);
                 }
+            }
+            "--exact-codecs" => {
+                exact_codecs = Some(
+                    codec_list::split_codecs(&val)
+                        .iter()
+                        .map(|n| KvCodecs::parse(n).map_err(|e| e.to_string()))
+                        .collect::<Result<_, _>>()?,
+                )
             }
             "--prefill-from" => {
                 let n: u32 = val
@@ -207,15 +218,18 @@ fn parse_args() -> Result<Args, String> {
         a.codecs
             .push(Cache::Kvq(KvCodecs::parse(n).map_err(|e| e.to_string())?));
     }
-    // Each codec again with each set of exact tokens.
-    let kvq_rows: Vec<KvCodecs> = a
+    // Each codec (or each of --exact-codecs) again with each set of exact tokens.
+    let kvq_rows: Vec<KvCodecs> = match exact_codecs {
+        Some(list) => list,
+        None => a
         .codecs
         .iter()
         .filter_map(|c| match c {
             Cache::Kvq(k) if *k != KvCodecs::NONE => Some(*k),
             _ => None,
         })
-        .collect();
+        .collect(),
+    };
     for x in &exact {
         for k in &kvq_rows {
             a.codecs.push(Cache::KvqExact(*k, *x));
