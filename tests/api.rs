@@ -685,7 +685,8 @@ fn a_callers_kernel_reads_the_lengths_on_the_gpu() {
         .iter()
         .map(|&at| {
             let b = buffer(16, U::UNIFORM | U::COPY_DST);
-            gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(&[at, 0, 0, 0]));
+            gpu.queue
+                .write_buffer(&b, 0, bytemuck::cast_slice(&[at, 0, 0, 0]));
             b
         })
         .collect();
@@ -713,8 +714,14 @@ fn a_callers_kernel_reads_the_lengths_on_the_gpu() {
         })
         .collect();
     let rows = |bytes: u64| buffer(bytes, U::STORAGE | U::COPY_DST);
-    let (k, v) = (rows(batch as u64 * 2 * 64 * 4), rows(batch as u64 * 2 * 64 * 4));
-    let (q, o) = (rows(batch as u64 * 4 * 64 * 4), rows(batch as u64 * 4 * 64 * 4));
+    let (k, v) = (
+        rows(batch as u64 * 2 * 64 * 4),
+        rows(batch as u64 * 2 * 64 * 4),
+    );
+    let (q, o) = (
+        rows(batch as u64 * 4 * 64 * 4),
+        rows(batch as u64 * 4 * 64 * 4),
+    );
     let step = cache.step_io(&k, &v, 1, InputType::F32, &q, &o).unwrap();
     let mut enc = d.create_command_encoder(&Default::default());
     {
@@ -735,7 +742,9 @@ fn a_callers_kernel_reads_the_lengths_on_the_gpu() {
         .collect();
     let before: Vec<u32> = (0..n as u32).map(|i| 3 + i / batch).collect();
     let mut after = before.clone();
-    after[batch as usize..2 * batch as usize].iter_mut().for_each(|l| *l += 1);
+    after[batch as usize..2 * batch as usize]
+        .iter_mut()
+        .for_each(|l| *l += 1);
     assert_eq!(&got[..n], &before[..], "lengths before the step");
     assert_eq!(&got[n..], &after[..], "lengths after layer 1's step");
     for l in 0..layers {

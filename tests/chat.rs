@@ -70,7 +70,10 @@ fn model_path() -> PathBuf {
 fn argmax(row: &[f32]) -> usize {
     row.iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
         .0
 }
 
@@ -80,7 +83,8 @@ fn gpu_forward_matches_cpu_forward() {
     let ctx = GpuContext::new().unwrap();
     let mut g = gguf::Gguf::open(&path).unwrap();
     let vocab = llama::Vocab::from_gguf(&g).unwrap();
-    let weights = Arc::new(llama::Weights::from_gguf(&ctx.device, &mut g, None, &mut |_| {}).unwrap());
+    let weights =
+        Arc::new(llama::Weights::from_gguf(&ctx.device, &mut g, None, &mut |_| {}).unwrap());
     let tok = tokenize::tokenizer(&vocab.tokens, &vocab.types, &vocab.merges).unwrap();
     let capacity = 128;
     let mut e = Engine::new(&ctx, weights, Options::new(capacity, KvCodecs::NONE)).unwrap();
@@ -138,11 +142,18 @@ fn gpu_forward_matches_cpu_forward() {
         gpu_logits.len(),
         tok.decode(&tokens[prompt.len()..], true).unwrap()
     );
-    assert!(worst < LOGIT_TOL, "logits differ by {worst:.2e} of their scale");
+    assert!(
+        worst < LOGIT_TOL,
+        "logits differ by {worst:.2e} of their scale"
+    );
 }
 
 /// A GGUF file of `kvs` (key, type, value bytes) and `tensors` (name, dims, ggml type, bytes).
-fn gguf_file(name: &str, kvs: &[(&str, u32, Vec<u8>)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> PathBuf {
+fn gguf_file(
+    name: &str,
+    kvs: &[(&str, u32, Vec<u8>)],
+    tensors: &[(&str, Vec<u64>, u32, Vec<u8>)],
+) -> PathBuf {
     let mut b: Vec<u8> = b"GGUF".to_vec();
     b.extend(3u32.to_le_bytes());
     b.extend((tensors.len() as u64).to_le_bytes());
@@ -204,7 +215,11 @@ fn bad_inputs_are_typed_errors() {
             ("llama.attention.head_count_kv", 4, u32v(1)),
             ("llama.block_count", 4, u32v(1)),
             ("llama.feed_forward_length", 4, u32v(64)),
-            ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5f32.to_le_bytes().to_vec()),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                6,
+                1e-5f32.to_le_bytes().to_vec(),
+            ),
         ]
     };
     // Another architecture.
@@ -228,10 +243,19 @@ fn bad_inputs_are_typed_errors() {
         other => panic!("expected MissingTensor, got {:?}", other.map(|_| ())),
     }
     // Q of the wrong shape.
-    let q = ("blk.0.attn_q.weight", vec![64, 32], 0, vec![0u8; 64 * 32 * 4]);
+    let q = (
+        "blk.0.attn_q.weight",
+        vec![64, 32],
+        0,
+        vec![0u8; 64 * 32 * 4],
+    );
     let p = gguf_file("shape", &llama_meta(64), &[embd.clone(), norm.clone(), q]);
     match load(&p) {
-        Err(ChatError::TensorShape { name, expected, found }) => {
+        Err(ChatError::TensorShape {
+            name,
+            expected,
+            found,
+        }) => {
             assert_eq!(name, "blk.0.attn_q.weight");
             assert_eq!((expected, found), (vec![64, 64], vec![64, 32]));
         }
@@ -250,5 +274,8 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(load(&p), Err(ChatError::BadGguf { .. })));
     let p = gguf_file("meta", &llama_meta(64)[..3], &[]);
     assert!(matches!(load(&p), Err(ChatError::Metadata { .. })));
-    assert!(matches!(load(Path::new("/nonexistent.gguf")), Err(ChatError::Io { .. })));
+    assert!(matches!(
+        load(Path::new("/nonexistent.gguf")),
+        Err(ChatError::Io { .. })
+    ));
 }

@@ -190,7 +190,13 @@ fn load_weights(ctx: &GpuContext, args: &Args) -> Result<Weights> {
         Some(name) => {
             let cfg = Config::shape(name)?;
             let k = crate::kernels::Kernels::new(&ctx.device);
-            Weights::random(&ctx.device, &ctx.queue, &k, &cfg, args.weights.unwrap_or(Format::Q4))
+            Weights::random(
+                &ctx.device,
+                &ctx.queue,
+                &k,
+                &cfg,
+                args.weights.unwrap_or(Format::Q4),
+            )
         }
         None => {
             let path = crate::model_path(args.model.clone())?;
@@ -233,7 +239,9 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
         o.batch = batch;
         let mut e = Engine::with_kernels(ctx, weights.clone(), o, kernels.clone())?;
         let mut tune = [None; 5];
-        let mut line = format!("products alone, batch {batch} (weights read / time = GB/s, % of the read bandwidth; lanes x rows):");
+        let mut line = format!(
+            "products alone, batch {batch} (weights read / time = GB/s, % of the read bandwidth; lanes x rows):"
+        );
         for p in Product::ALL {
             let k = e.operands_cols(p);
             let (l0, _) = default_tune(k);
@@ -288,7 +296,10 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
         Some(p) => Some(
             std::fs::File::create(p)
                 .and_then(|mut f| writeln!(f, "{CSV_HEADER}").map(|_| f))
-                .map_err(|e| ChatError::Io { path: p.clone(), source: e })?,
+                .map_err(|e| ChatError::Io {
+                    path: p.clone(),
+                    source: e,
+                })?,
         ),
         None => None,
     };
@@ -303,11 +314,23 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
                 opts.exact = args.exact;
             }
             let name = match opts.exact.any() {
-                true => format!("{} [sink{}+recent{}]", codecs.name(), opts.exact.sink, opts.exact.recent),
+                true => format!(
+                    "{} [sink{}+recent{}]",
+                    codecs.name(),
+                    opts.exact.sink,
+                    opts.exact.recent
+                ),
                 false => codecs.name(),
             };
-            opts.prompt_max = if batch == 1 { prompt_tokens.max(64) } else { 16 };
-            opts.tune = tunes.iter().find(|t| t.0 == batch).map_or([None; 5], |t| t.1);
+            opts.prompt_max = if batch == 1 {
+                prompt_tokens.max(64)
+            } else {
+                16
+            };
+            opts.tune = tunes
+                .iter()
+                .find(|t| t.0 == batch)
+                .map_or([None; 5], |t| t.1);
             let mut e = match Engine::with_kernels(ctx, weights.clone(), opts, kernels.clone()) {
                 Ok(e) => e,
                 Err(err) => {
@@ -325,8 +348,12 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
                     }
                 };
                 if let (Some(f), Some(p)) = (csv.as_mut(), &args.csv) {
-                    csv_line(f, &row, &rows, &cfg, &ctx.info.name, bw, &fmt)
-                        .map_err(|e| ChatError::Io { path: p.clone(), source: e })?;
+                    csv_line(f, &row, &rows, &cfg, &ctx.info.name, bw, &fmt).map_err(|e| {
+                        ChatError::Io {
+                            path: p.clone(),
+                            source: e,
+                        }
+                    })?;
                 }
                 rows.push(row);
             }
@@ -337,8 +364,15 @@ pub fn run(ctx: &GpuContext, args: &Args) -> Result<()> {
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &args.plot {
-        plot(p, &rows, &format!("{} ({fmt} weights) on {}: decode tokens/s", cfg.name, ctx.info.name))
-            .map_err(|e| ChatError::Argument(format!("{}: {e}", p.display())))?;
+        plot(
+            p,
+            &rows,
+            &format!(
+                "{} ({fmt} weights) on {}: decode tokens/s",
+                cfg.name, ctx.info.name
+            ),
+        )
+        .map_err(|e| ChatError::Argument(format!("{}: {e}", p.display())))?;
         eprintln!("wrote {}", p.display());
     }
     Ok(())
@@ -380,7 +414,10 @@ fn point(
         store_bytes: e.cache.memory().store(),
         dispatches: d.own + d.kvq,
     };
-    let timed_prompt = args.prompt_codecs.as_ref().is_none_or(|l| l.contains(codecs));
+    let timed_prompt = args
+        .prompt_codecs
+        .as_ref()
+        .is_none_or(|l| l.contains(codecs));
     if batch == 1 && prompt_tokens > 0 && timed_prompt {
         let p = prompt_tokens.min(c);
         let ids: Vec<u32> = (0..p).map(|i| (i * 7919 + 13) % cfg.vocab).collect();
@@ -401,7 +438,10 @@ fn point(
         row.gpu_ms,
         row.bound_ratio(bw),
         if row.prompt_tokens > 0 {
-            format!(", prompt {} tokens {:.0} tok/s", row.prompt_tokens, row.prompt_tok_s)
+            format!(
+                ", prompt {} tokens {:.0} tok/s",
+                row.prompt_tokens, row.prompt_tok_s
+            )
         } else {
             String::new()
         }
@@ -420,7 +460,9 @@ fn print_table(rows: &[Row], cfg: &Config, device: &str, bw: f64, fmt: &str) {
         "{} ({fmt} weights) on {device}; read bandwidth {bw:.0} GB/s. step = chat loop (submit + read back the ids), gpu = steps submitted together; bound = gpu ms over (weights + KV bytes) / bandwidth",
         cfg.name
     );
-    println!("| codec | batch | ctx | step ms | gpu ms | decode tok/s | ÷ none | prompt tok/s | weights + KV read / step | GB/s (% bw) | bound | KV store | dispatches |");
+    println!(
+        "| codec | batch | ctx | step ms | gpu ms | decode tok/s | ÷ none | prompt tok/s | weights + KV read / step | GB/s (% bw) | bound | KV store | dispatches |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
     for r in rows {
         let gbps = r.bytes() as f64 / r.gpu_ms / 1e6;
@@ -461,10 +503,18 @@ fn csv_line(
     bw: f64,
     fmt: &str,
 ) -> std::io::Result<()> {
-    let q = |s: &str| if s.contains(',') { format!("\"{s}\"") } else { s.to_string() };
+    let q = |s: &str| {
+        if s.contains(',') {
+            format!("\"{s}\"")
+        } else {
+            s.to_string()
+        }
+    };
     let vs = match r.codec == "none" {
         true => "1.000".to_string(),
-        false => none_tok_s(before, r).map_or(String::new(), |n| format!("{:.3}", r.gpu_tok_s() / n)),
+        false => {
+            none_tok_s(before, r).map_or(String::new(), |n| format!("{:.3}", r.gpu_tok_s() / n))
+        }
     };
     writeln!(
         f,
@@ -492,13 +542,21 @@ fn csv_line(
 
 /// Decode tokens/s (GPU, steps submitted together) against context, log-log: one colour per
 /// codec, solid for batch 1, dashed for larger batches.
-fn plot(path: &std::path::Path, rows: &[Row], title: &str) -> std::result::Result<(), Box<dyn std::error::Error>> {
+fn plot(
+    path: &std::path::Path,
+    rows: &[Row],
+    title: &str,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     if rows.is_empty() {
         return Err("no points".into());
     }
-    let (x0, x1) = rows.iter().fold((f64::MAX, 0f64), |a, r| (a.0.min(r.ctx as f64), a.1.max(r.ctx as f64)));
-    let (y0, y1) = rows.iter().fold((f64::MAX, 0f64), |a, r| (a.0.min(r.gpu_tok_s()), a.1.max(r.gpu_tok_s())));
+    let (x0, x1) = rows.iter().fold((f64::MAX, 0f64), |a, r| {
+        (a.0.min(r.ctx as f64), a.1.max(r.ctx as f64))
+    });
+    let (y0, y1) = rows.iter().fold((f64::MAX, 0f64), |a, r| {
+        (a.0.min(r.gpu_tok_s()), a.1.max(r.gpu_tok_s()))
+    });
     let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)

@@ -140,7 +140,11 @@ impl<'a> Chat<'a> {
             t.prompt_tokens,
             t.prompt_tokens as f64 / t.prompt_s,
             t.ids.len(),
-            if t.decode_s > 0.0 { steps / t.decode_s } else { 0.0 },
+            if t.decode_s > 0.0 {
+                steps / t.decode_s
+            } else {
+                0.0
+            },
             self.engine.len(),
             self.engine.opts.capacity,
             self.engine.last_dispatches.own + self.engine.last_dispatches.kvq,
@@ -180,10 +184,14 @@ pub fn run(chat: &mut Chat<'_>, prompts: &[String]) -> Result<()> {
             let _ = out.flush();
         }
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line).map_err(|e| ChatError::Io {
-            path: "stdin".into(),
-            source: e,
-        })? == 0
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| ChatError::Io {
+                path: "stdin".into(),
+                source: e,
+            })?
+            == 0
         {
             return Ok(());
         }

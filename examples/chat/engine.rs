@@ -100,9 +100,14 @@ struct Params {
 enum Grid {
     Fixed([u32; 3]),
     /// `(x, ceil(tokens / tile), 1)`.
-    Tokens { x: u32, tile: u32 },
+    Tokens {
+        x: u32,
+        tile: u32,
+    },
     /// `(ceil(tokens / tile), 1, 1)`.
-    Rows { tile: u32 },
+    Rows {
+        tile: u32,
+    },
 }
 
 impl Grid {
@@ -352,7 +357,8 @@ impl Engine {
             let layer = &e.weights.layers[0];
             let p = &e.bufs.prompt_params;
             e.score.push(e.rms_op(p)?);
-            e.score.push(e.product_into(true, Product::Output, layer, p, Some(all))?);
+            e.score
+                .push(e.product_into(true, Product::Output, layer, p, Some(all))?);
         }
         e.set_sampling(Sampling::GREEDY);
         Ok(e)
@@ -386,7 +392,13 @@ impl Engine {
         &'a self,
         which: Product,
         layer: &'a Layer,
-    ) -> (&'a Matrix, &'a wgpu::Buffer, Option<&'a wgpu::Buffer>, u32, &'a wgpu::Buffer) {
+    ) -> (
+        &'a Matrix,
+        &'a wgpu::Buffer,
+        Option<&'a wgpu::Buffer>,
+        u32,
+        &'a wgpu::Buffer,
+    ) {
         let (b, w) = (&self.bufs, &self.weights);
         match which {
             Product::Qkv => (&layer.qkv, &b.h, Some(&layer.attn_norm), 0, &b.qkv),
@@ -476,7 +488,9 @@ impl Engine {
             &[("K", Const::U(c.dim)), ("EPS", Const::F(c.eps as f32))],
         )?;
         Ok(Op::Kernel {
-            bind: self.kernels.bind(&rms, &[&self.bufs.h, &self.bufs.inv, params]),
+            bind: self
+                .kernels
+                .bind(&rms, &[&self.bufs.h, &self.bufs.inv, params]),
             kernel: rms,
             grid: Grid::Rows { tile: 1 },
         })
@@ -530,7 +544,15 @@ impl Engine {
                 kernel: rope.clone(),
                 bind: self.kernels.bind(
                     &rope,
-                    &[&b.qkv, &b.q, &b.k, &b.v, &b.state, &layer.rope_consts, params],
+                    &[
+                        &b.qkv,
+                        &b.q,
+                        &b.k,
+                        &b.v,
+                        &b.state,
+                        &layer.rope_consts,
+                        params,
+                    ],
                 ),
                 grid: Grid::Tokens {
                     x: c.q_heads + 2 * c.kv_heads,
@@ -610,7 +632,14 @@ impl Engine {
                 Some(n) => (&self.prompt, batch * n, self.chunk.as_ref()),
                 None => (&self.decode, batch, None),
             };
-            Self::record(&mut self.cache, &mut pass, ops, tokens, &self.step_io, chunk)
+            Self::record(
+                &mut self.cache,
+                &mut pass,
+                ops,
+                tokens,
+                &self.step_io,
+                chunk,
+            )
         };
         let own = match recorded {
             Ok(n) => n,
@@ -655,7 +684,11 @@ impl Engine {
         let step = self.opts.prompt_max as usize;
         for start in (0..n).step_by(step) {
             let m = (n - start).min(step);
-            let flat: Vec<u32> = ids.iter().flat_map(|s| &s[start..start + m]).copied().collect();
+            let flat: Vec<u32> = ids
+                .iter()
+                .flat_map(|s| &s[start..start + m])
+                .copied()
+                .collect();
             self.ctx
                 .queue
                 .write_buffer(&self.bufs.ids, 0, bytemuck::cast_slice(&flat));
@@ -678,10 +711,14 @@ impl Engine {
     /// chunks of at most `prompt_max` tokens): `[ids.len(), vocab]`. Needs `Options::score`.
     pub fn score(&mut self, ids: &[u32], progress: &mut dyn FnMut(usize)) -> Result<Vec<f32>> {
         let Some((_, staging)) = self.bufs.all_logits.clone() else {
-            return Err(ChatError::Argument("the engine was built without score".into()));
+            return Err(ChatError::Argument(
+                "the engine was built without score".into(),
+            ));
         };
         if self.opts.batch != 1 || ids.is_empty() {
-            return Err(ChatError::Argument("score takes one non-empty sequence".into()));
+            return Err(ChatError::Argument(
+                "score takes one non-empty sequence".into(),
+            ));
         }
         let (len, cap) = (self.len(), self.opts.capacity);
         if len as u64 + ids.len() as u64 > cap as u64 {
@@ -713,7 +750,9 @@ impl Engine {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(all, 0, &staging, 0, bytes);
             self.ctx.queue.submit([enc.finish()]);
-            out.extend_from_slice(bytemuck::cast_slice(&read_bytes(&self.ctx, &staging, bytes)?));
+            out.extend_from_slice(bytemuck::cast_slice(&read_bytes(
+                &self.ctx, &staging, bytes,
+            )?));
             progress(out.len() / vocab as usize);
         }
         Ok(out)
@@ -740,7 +779,14 @@ impl Engine {
         let before = self.ctx.stats().dispatches;
         let own = {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            Self::record(&mut self.cache, &mut pass, &self.decode, self.opts.batch, &self.step_io, None)?
+            Self::record(
+                &mut self.cache,
+                &mut pass,
+                &self.decode,
+                self.opts.batch,
+                &self.step_io,
+                None,
+            )?
         };
         Ok(Dispatches {
             own,
@@ -780,8 +826,12 @@ impl Engine {
         use wgpu::BufferUsages as U;
         let kb = buffer(&self.ctx, "fill k", words * 4, U::STORAGE | U::COPY_DST);
         let vb = buffer(&self.ctx, "fill v", words * 4, U::STORAGE | U::COPY_DST);
-        self.ctx.queue.write_buffer(&kb, 0, bytemuck::cast_slice(&data));
-        self.ctx.queue.write_buffer(&vb, 0, bytemuck::cast_slice(&data));
+        self.ctx
+            .queue
+            .write_buffer(&kb, 0, bytemuck::cast_slice(&data));
+        self.ctx
+            .queue
+            .write_buffer(&vb, 0, bytemuck::cast_slice(&data));
         let mut filled = 0;
         while filled < len {
             let n = chunk.min(len - filled);

@@ -46,7 +46,9 @@ pub enum ChatError {
         name: String,
     },
     /// A tensor has another shape than the metadata implies.
-    #[error("GGUF tensor {name} has shape {found:?}, expected {expected:?} (GGUF order: columns first)")]
+    #[error(
+        "GGUF tensor {name} has shape {found:?}, expected {expected:?} (GGUF order: columns first)"
+    )]
     TensorShape {
         /// The tensor's name.
         name: String,
@@ -67,7 +69,9 @@ pub enum ChatError {
     #[error("model shape: {0}")]
     Shape(String),
     /// A prompt (or a turn) longer than the cache has room for.
-    #[error("the prompt has {tokens} tokens and the cache holds {len} already, past its capacity of {capacity} (--ctx)")]
+    #[error(
+        "the prompt has {tokens} tokens and the cache holds {len} already, past its capacity of {capacity} (--ctx)"
+    )]
     PromptTooLong {
         /// Tokens of the prompt.
         tokens: u32,

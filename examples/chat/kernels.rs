@@ -162,9 +162,7 @@ impl Kernels {
                         ty: wgpu::BindingType::Buffer {
                             ty: match s {
                                 Slot::Uniform => wgpu::BufferBindingType::Uniform,
-                                Slot::Read => {
-                                    wgpu::BufferBindingType::Storage { read_only: true }
-                                }
+                                Slot::Read => wgpu::BufferBindingType::Storage { read_only: true },
                                 Slot::Write => {
                                     wgpu::BufferBindingType::Storage { read_only: false }
                                 }

@@ -58,28 +58,53 @@ impl Config {
     /// The shapes `--shape` builds with random weights: the sweep's `qwen3-8b` and `llama3-8b`
     /// (examples/shared/models.rs) as whole models, SmolLM2-135M's and a tiny one.
     pub fn shape(name: &str) -> Result<Config> {
-        let c = |layers, dim, q_heads, kv_heads, head_dim, ffn, vocab, rope_base, rope, qk, tied| {
-            Config {
-                name: name.to_string(),
-                layers,
-                dim,
-                q_heads,
-                kv_heads,
-                head_dim,
-                ffn,
-                vocab,
-                rope_base,
-                eps: 1e-6,
-                rope,
-                qk_norm: qk,
-                tied,
-            }
-        };
+        let c =
+            |layers, dim, q_heads, kv_heads, head_dim, ffn, vocab, rope_base, rope, qk, tied| {
+                Config {
+                    name: name.to_string(),
+                    layers,
+                    dim,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    ffn,
+                    vocab,
+                    rope_base,
+                    eps: 1e-6,
+                    rope,
+                    qk_norm: qk,
+                    tied,
+                }
+            };
         use Rope::*;
         Ok(match name {
             "qwen3-8b" => c(36, 4096, 32, 8, 128, 12288, 151936, 1e6, Neox, true, false),
-            "llama3-8b" => c(32, 4096, 32, 8, 128, 14336, 128256, 5e5, Interleaved, false, false),
-            "smollm2-135m" => c(30, 576, 9, 3, 64, 1536, 49152, 1e5, Interleaved, false, true),
+            "llama3-8b" => c(
+                32,
+                4096,
+                32,
+                8,
+                128,
+                14336,
+                128256,
+                5e5,
+                Interleaved,
+                false,
+                false,
+            ),
+            "smollm2-135m" => c(
+                30,
+                576,
+                9,
+                3,
+                64,
+                1536,
+                49152,
+                1e5,
+                Interleaved,
+                false,
+                true,
+            ),
             "tiny" => c(2, 256, 4, 2, 64, 512, 1024, 1e4, Neox, true, false),
             _ => {
                 return Err(ChatError::Argument(format!(
@@ -111,8 +136,7 @@ impl Config {
             .ok_or_else(|| ChatError::MissingTensor {
                 name: "token_embd.weight".into(),
             })?;
-        if embed.dims.len() != 2 || embed.dims[0] != dim as u64 || embed.dims[1] > u32::MAX as u64
-        {
+        if embed.dims.len() != 2 || embed.dims[0] != dim as u64 || embed.dims[1] > u32::MAX as u64 {
             return Err(ChatError::TensorShape {
                 name: "token_embd.weight".into(),
                 expected: vec![dim as u64, embed.dims.get(1).copied().unwrap_or(0)],
@@ -120,10 +144,7 @@ impl Config {
             });
         }
         let cfg = Config {
-            name: g
-                .str("general.name")
-                .unwrap_or("llama")
-                .to_string(),
+            name: g.str("general.name").unwrap_or("llama").to_string(),
             layers: g.usize("llama.block_count")? as u32,
             dim,
             q_heads,
@@ -327,7 +348,12 @@ fn read_vector(g: &mut Gguf, name: &str, n: u32) -> Result<Vec<f32>> {
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
-        _ => return Err(ChatError::TensorType { name: name.into(), ty }),
+        _ => {
+            return Err(ChatError::TensorType {
+                name: name.into(),
+                ty,
+            });
+        }
     })
 }
 
@@ -369,7 +395,11 @@ impl Weights {
                 Some(Matrix::upload(device, &m, "output"))
             }
         };
-        let out_norm = f32_buffer(device, "output_norm", &read_vector(g, "output_norm.weight", d)?);
+        let out_norm = f32_buffer(
+            device,
+            "output_norm",
+            &read_vector(g, "output_norm.weight", d)?,
+        );
         let mut layers = Vec::with_capacity(cfg.layers as usize);
         for l in 0..cfg.layers {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
@@ -459,13 +489,18 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()
+                l.qkv.bytes()
+                    + l.o.bytes()
+                    + l.gate_up.bytes()
+                    + l.down.bytes()
                     + l.attn_norm.size()
                     + l.ffn_norm.size()
             })
             .sum();
         let e = &self.embed;
-        layers + self.output().bytes() + batch as u64 * e.bytes() / e.rows as u64
+        layers
+            + self.output().bytes()
+            + batch as u64 * e.bytes() / e.rows as u64
             + self.out_norm.size()
     }
 
@@ -476,7 +511,10 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                m(&l.qkv) + m(&l.o) + m(&l.gate_up) + m(&l.down)
+                m(&l.qkv)
+                    + m(&l.o)
+                    + m(&l.gate_up)
+                    + m(&l.down)
                     + l.attn_norm.size()
                     + l.ffn_norm.size()
                     + l.rope_consts.size()

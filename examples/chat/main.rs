@@ -26,11 +26,11 @@ mod kernels;
 mod llama;
 mod weights;
 
+#[path = "../shared/codec_list.rs"]
+mod codec_list;
 #[allow(dead_code)]
 #[path = "../perplexity/tokenize.rs"]
 mod tokenize;
-#[path = "../shared/codec_list.rs"]
-mod codec_list;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -41,7 +41,8 @@ use engine::{Engine, Options, Sampling};
 use error::{ChatError, Result};
 use weights::Format;
 
-const USAGE: &str = "usage: chat [--model GGUF | --shape NAME] [--codecs LIST] [--exact S,R[,kmean]]
+const USAGE: &str =
+    "usage: chat [--model GGUF | --shape NAME] [--codecs LIST] [--exact S,R[,kmean]]
             [--ctx N] [--prompt TEXT]... [--system TEXT] [--max-tokens N]
             [--temperature T] [--top-p P] [--seed S] [--weights q4|q8|f16]
             [--bench [--batch LIST] [--contexts LIST] [--steps N] [--prompt-tokens N]
@@ -230,7 +231,10 @@ pub fn model_path(path: Option<PathBuf>) -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let path = root.join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !path.exists() {
-        eprintln!("{} is missing: running bench/fetch-smollm2.sh", path.display());
+        eprintln!(
+            "{} is missing: running bench/fetch-smollm2.sh",
+            path.display()
+        );
         let status = std::process::Command::new("bash")
             .arg(root.join("bench/fetch-smollm2.sh"))
             .status()
@@ -298,7 +302,11 @@ fn run(args: &Args) -> Result<()> {
         engine.pipelines(),
         t0.elapsed().as_secs_f64()
     );
-    if vocab.template.as_deref().is_some_and(|t| !t.contains("<|im_start|>")) {
+    if vocab
+        .template
+        .as_deref()
+        .is_some_and(|t| !t.contains("<|im_start|>"))
+    {
         eprintln!("note: the file's chat template is not ChatML; using ChatML anyway");
     }
     let mut chat = chat::Chat::new(&mut engine, &tok, &vocab, &args.system);

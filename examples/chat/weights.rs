@@ -177,13 +177,18 @@ impl HostMatrix {
             let w = &self.codes[b * self.format.words()..(b + 1) * self.format.words()];
             match self.format {
                 Format::Q4 => {
-                    let (d, m) = (f16_val(self.scales[b] & 0xffff), f16_val(self.scales[b] >> 16));
+                    let (d, m) = (
+                        f16_val(self.scales[b] & 0xffff),
+                        f16_val(self.scales[b] >> 16),
+                    );
                     let nib = |i: usize| (w[i % 16 / 4] >> (8 * (i % 4) + 4 * (i / 16))) & 15;
                     out.extend((0..32).map(|i| nib(i) as f32 * d + m));
                 }
                 Format::Q8 => {
                     let d = f16_val(self.scales[b] & 0xffff);
-                    out.extend((0..32).map(|i| ((w[i / 4] >> (8 * (i % 4))) as u8 as i8) as f32 * d));
+                    out.extend(
+                        (0..32).map(|i| ((w[i / 4] >> (8 * (i % 4))) as u8 as i8) as f32 * d),
+                    );
                 }
                 Format::F16 => {
                     out.extend((0..32).map(|i| f16_val(w[i / 2] >> (16 * (i % 2)) & 0xffff)));

@@ -37,16 +37,16 @@ mod harness;
 #[allow(dead_code)]
 #[path = "../chat/kernels.rs"]
 mod kernels;
+mod levers;
 #[allow(dead_code)]
 #[path = "../chat/llama.rs"]
 mod llama;
-#[allow(dead_code)]
-#[path = "../chat/weights.rs"]
-mod weights;
-mod levers;
 mod metrics;
 mod model;
 mod tokenize;
+#[allow(dead_code)]
+#[path = "../chat/weights.rs"]
+mod weights;
 
 #[path = "../shared/codec_list.rs"]
 mod codec_list;
@@ -222,13 +222,13 @@ fn parse_args() -> Result<Args, String> {
     let kvq_rows: Vec<KvCodecs> = match exact_codecs {
         Some(list) => list,
         None => a
-        .codecs
-        .iter()
-        .filter_map(|c| match c {
-            Cache::Kvq(k) if *k != KvCodecs::NONE => Some(*k),
-            _ => None,
-        })
-        .collect(),
+            .codecs
+            .iter()
+            .filter_map(|c| match c {
+                Cache::Kvq(k) if *k != KvCodecs::NONE => Some(*k),
+                _ => None,
+            })
+            .collect(),
     };
     for x in &exact {
         for k in &kvq_rows {
