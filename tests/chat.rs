@@ -2,7 +2,9 @@
 //! against the perplexity harness's CPU forward (`examples/perplexity/model.rs`: candle's f32
 //! matmuls, f64 attention over the unquantized K/V) on the same tokens of SmolLM2-135M: the
 //! logits of every position agree within [`LOGIT_TOL`], and greedy decoding with the f16 cache
-//! (`none`) picks the CPU's most likely token at every one of [`STEPS`] steps. Bad input (a
+//! (`none`) picks the CPU's most likely token at every one of [`STEPS`] steps; the GPU's
+//! sampler is greedy with a nucleus of one token, repeats a seeded draw, and draws every token
+//! from the nucleus of the logits it was drawn from. Bad input (a
 //! GGUF of another architecture, a missing or misshapen tensor, a file that is no GGUF, a prompt
 //! longer than the cache) is a typed error. The model comes from `bench/fetch-smollm2.sh` (run
 //! here when it is missing; a failed fetch fails the test).
@@ -44,7 +46,7 @@ use std::sync::Arc;
 
 use kvq::{GpuContext, KvCodecs};
 
-use engine::{Engine, Options};
+use engine::{Engine, Options, Sampling};
 use error::ChatError;
 
 /// Greedy decode steps after the prompt.
@@ -146,6 +148,61 @@ fn gpu_forward_matches_cpu_forward() {
         worst < LOGIT_TOL,
         "logits differ by {worst:.2e} of their scale"
     );
+    // Sampling on the GPU: a nucleus of one token is greedy; a seeded draw repeats; every drawn
+    // token lies in the nucleus of the logits it was drawn from.
+    let short = prompt[prompt.len() - 8..].to_vec();
+    let mut draw = |s: Sampling, n: usize| -> (Vec<u32>, Vec<Vec<f32>>) {
+        e.reset().unwrap();
+        e.set_sampling(s);
+        let mut ids = vec![e.prompt(&[short.clone()]).unwrap()[0]];
+        let mut logits = vec![e.read_logits().unwrap()];
+        for _ in 1..n {
+            ids.push(e.step().unwrap()[0]);
+            logits.push(e.read_logits().unwrap());
+        }
+        (ids, logits)
+    };
+    let greedy = draw(Sampling::GREEDY, 6).0;
+    let narrow = Sampling {
+        temperature: 0.7,
+        top_p: 1e-6,
+        seed: 3,
+    };
+    assert_eq!(
+        draw(narrow, 6).0,
+        greedy,
+        "a nucleus of one token is greedy"
+    );
+    let s = Sampling {
+        temperature: 1.0,
+        top_p: 0.9,
+        seed: 11,
+    };
+    let (a, logits) = draw(s, 12);
+    assert_eq!(draw(s, 12).0, a, "a seeded draw repeats");
+    for (step, (&t, l)) in a.iter().zip(&logits).enumerate() {
+        // The nucleus on the CPU: the fewest most likely tokens holding top_p of the mass.
+        let m = l.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+        let mut p: Vec<f64> = l.iter().map(|&x| (x as f64 - m).exp()).collect();
+        let z: f64 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= z);
+        let mut sorted = p.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut acc = 0.0;
+        let last = sorted
+            .iter()
+            .find(|&&x| {
+                acc += x;
+                acc >= s.top_p as f64
+            })
+            .copied()
+            .unwrap_or(0.0);
+        assert!(
+            p[t as usize] >= last * (1.0 - 1e-3),
+            "step {step}: drew token {t} (p {:.3e}) outside the nucleus (smallest p {last:.3e})",
+            p[t as usize]
+        );
+    }
 }
 
 /// A GGUF file of `kvs` (key, type, value bytes) and `tensors` (name, dims, ggml type, bytes).
