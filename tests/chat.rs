@@ -97,7 +97,7 @@ fn gpu_forward_matches_cpu_forward() {
     // The GPU: the prompt as one chunk, then greedy steps; the logits of each.
     let mut tokens = prompt.clone();
     let mut gpu_logits = Vec::new();
-    let mut next = e.prompt(&[prompt.clone()]).unwrap()[0];
+    let mut next = e.prompt(std::slice::from_ref(&prompt)).unwrap()[0];
     gpu_logits.push(e.read_logits().unwrap());
     for _ in 0..STEPS {
         tokens.push(next);
@@ -154,7 +154,7 @@ fn gpu_forward_matches_cpu_forward() {
     let mut draw = |s: Sampling, n: usize| -> (Vec<u32>, Vec<Vec<f32>>) {
         e.reset().unwrap();
         e.set_sampling(s);
-        let mut ids = vec![e.prompt(&[short.clone()]).unwrap()[0]];
+        let mut ids = vec![e.prompt(std::slice::from_ref(&short)).unwrap()[0]];
         let mut logits = vec![e.read_logits().unwrap()];
         for _ in 1..n {
             ids.push(e.step().unwrap()[0]);
@@ -235,12 +235,12 @@ fn gguf_file(
         b.extend(offset.to_le_bytes());
         offset += (data.len() as u64).div_ceil(32) * 32;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     for (_, _, _, data) in tensors {
         b.extend(data);
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
     }

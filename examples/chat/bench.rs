@@ -87,7 +87,7 @@ fn read(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 pub fn read_bandwidth(ctx: &GpuContext) -> Result<f64> {
     let d = &ctx.device;
     let bytes: u64 = if ctx.is_cpu() { 128 << 20 } else { 1 << 30 };
-    let bytes = bytes.min(d.limits().max_storage_buffer_binding_size as u64);
+    let bytes = bytes.min(d.limits().max_storage_buffer_binding_size);
     let mk = |size| {
         d.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read probe"),
@@ -426,7 +426,7 @@ fn point(
         e.prompt(&[ids[..p.min(64) as usize].to_vec()])?;
         e.fill_random(c - p)?;
         let s = Instant::now();
-        e.prompt(&[ids.clone()])?;
+        e.prompt(std::slice::from_ref(&ids))?;
         row.prompt_tok_s = p as f64 / s.elapsed().as_secs_f64();
         row.prompt_tokens = p;
     }

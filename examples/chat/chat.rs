@@ -90,7 +90,7 @@ impl<'a> Chat<'a> {
     pub fn say(&mut self, user: &str, out: &mut dyn Write) -> Result<Turn> {
         let ids = self.turn_ids(user)?;
         let t0 = Instant::now();
-        let mut next = self.engine.prompt(&[ids.clone()])?[0];
+        let mut next = self.engine.prompt(std::slice::from_ref(&ids))?[0];
         let prompt_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut reply: Vec<u32> = Vec::new();

@@ -281,7 +281,7 @@ impl Gguf {
             return Err(type_err());
         }
         let values: u64 = dims.iter().product();
-        if dims[0] % per != 0 {
+        if !dims[0].is_multiple_of(per) {
             return Err(ChatError::Shape(format!(
                 "tensor {name}: rows of {} values are no whole number of {per}-value blocks",
                 dims[0]

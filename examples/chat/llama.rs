@@ -165,25 +165,26 @@ impl Config {
     /// The shape rules of the kernels (and of kvq).
     pub fn check(&self) -> Result<()> {
         let bad = |s: String| Err(ChatError::Shape(s));
-        if self.q_heads == 0 || self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.q_heads == 0 || self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} query heads over {} KV heads",
                 self.q_heads, self.kv_heads
             ));
         }
-        if self.dim % 32 != 0 || self.ffn % 32 != 0 {
+        if !self.dim.is_multiple_of(32) || !self.ffn.is_multiple_of(32) {
             return bad(format!(
                 "width {} and hidden width {} must be multiples of 32",
                 self.dim, self.ffn
             ));
         }
-        if self.head_dim % 32 != 0 || self.head_dim > 256 {
+        if !self.head_dim.is_multiple_of(32) || self.head_dim > 256 {
             return bad(format!(
                 "head_dim {} (the kernels take multiples of 32 up to 256)",
                 self.head_dim
             ));
         }
-        if self.q_heads * self.head_dim % 32 != 0 || self.layers == 0 || self.vocab == 0 {
+        if !(self.q_heads * self.head_dim).is_multiple_of(32) || self.layers == 0 || self.vocab == 0
+        {
             return bad(format!(
                 "{} layers, {} query heads of {}, vocabulary {}",
                 self.layers, self.q_heads, self.head_dim, self.vocab

@@ -98,7 +98,7 @@ fn le32(b: &[u8], at: usize) -> u32 {
 impl HostMatrix {
     /// Repacks a GGUF tensor of ggml type `ty` (its raw bytes) holding `rows` x `cols`.
     pub fn from_gguf(name: &str, ty: u32, raw: &[u8], rows: usize, cols: usize) -> Result<Self> {
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             return Err(ChatError::Shape(format!(
                 "tensor {name}: {cols} columns, not a multiple of 32"
             )));
