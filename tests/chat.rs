@@ -4,7 +4,8 @@
 //! logits of every position agree within [`LOGIT_TOL`], and greedy decoding with the f16 cache
 //! (`none`) picks the CPU's most likely token at every one of [`STEPS`] steps; the GPU's
 //! sampler is greedy with a nucleus of one token, repeats a seeded draw, and draws every token
-//! from the nucleus of the logits it was drawn from. Bad input (a
+//! from the nucleus of the logits it was drawn from; a batch of two sequences decodes as each
+//! does alone. Bad input (a
 //! GGUF of another architecture, a missing or misshapen tensor, a file that is no GGUF, a prompt
 //! longer than the cache) is a typed error. The model comes from `bench/fetch-smollm2.sh` (run
 //! here when it is missing; a failed fetch fails the test).
@@ -151,17 +152,7 @@ fn gpu_forward_matches_cpu_forward() {
     // Sampling on the GPU: a nucleus of one token is greedy; a seeded draw repeats; every drawn
     // token lies in the nucleus of the logits it was drawn from.
     let short = prompt[prompt.len() - 8..].to_vec();
-    let mut draw = |s: Sampling, n: usize| -> (Vec<u32>, Vec<Vec<f32>>) {
-        e.reset().unwrap();
-        e.set_sampling(s);
-        let mut ids = vec![e.prompt(std::slice::from_ref(&short)).unwrap()[0]];
-        let mut logits = vec![e.read_logits().unwrap()];
-        for _ in 1..n {
-            ids.push(e.step().unwrap()[0]);
-            logits.push(e.read_logits().unwrap());
-        }
-        (ids, logits)
-    };
+    let mut draw = |s: Sampling, n: usize| draw_from(&mut e, &short, s, n);
     let greedy = draw(Sampling::GREEDY, 6).0;
     let narrow = Sampling {
         temperature: 0.7,
@@ -203,6 +194,36 @@ fn gpu_forward_matches_cpu_forward() {
             p[t as usize]
         );
     }
+    // A batch of two sequences with different prompts: each decodes as it does alone.
+    let other = prompt[prompt.len() - 12..prompt.len() - 4].to_vec();
+    let alone = draw_from(&mut e, &other, Sampling::GREEDY, 6).0;
+    let mut o = Options::new(32, KvCodecs::NONE);
+    o.batch = 2;
+    let mut pair = Engine::new(&ctx, e.weights.clone(), o).unwrap();
+    let mut seqs = vec![pair.prompt(&[short.clone(), other.clone()]).unwrap()];
+    for _ in 1..6 {
+        seqs.push(pair.step().unwrap());
+    }
+    let col = |i: usize| seqs.iter().map(|s| s[i]).collect::<Vec<u32>>();
+    assert_eq!(
+        (col(0), col(1)),
+        (greedy, alone),
+        "batch of two against each alone"
+    );
+}
+
+/// Runs `prompt` from an empty cache with `s`, then `n - 1` steps: the `n` tokens drawn and the
+/// logits each was drawn from.
+fn draw_from(e: &mut Engine, prompt: &[u32], s: Sampling, n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    e.reset().unwrap();
+    e.set_sampling(s);
+    let mut ids = vec![e.prompt(&[prompt.to_vec()]).unwrap()[0]];
+    let mut logits = vec![e.read_logits().unwrap()];
+    for _ in 1..n {
+        ids.push(e.step().unwrap()[0]);
+        logits.push(e.read_logits().unwrap());
+    }
+    (ids, logits)
 }
 
 /// A GGUF file of `kvs` (key, type, value bytes) and `tensors` (name, dims, ggml type, bytes).

@@ -8,7 +8,8 @@
 //! with the residual add: 7 dispatches; then the logits (final RMSNorm inside) and the
 //! sampler. A prompt is one chunk: the same with matrix-matrix products, a separate RMSNorm
 //! kernel before the two normed products, and kvq's chunk attention; the logits of each
-//! sequence's last token only.
+//! sequence's last token only. Positions are kvq's lengths, read on the GPU
+//! (`KvCache::lengths_binding`).
 
 use std::sync::Arc;
 
@@ -141,8 +142,10 @@ struct Buffers {
     act: wgpu::Buffer,
     inv: wgpu::Buffer,
     logits: wgpu::Buffer,
-    /// `[batch]` positions, `[batch]` current tokens, `[batch]` draw counters.
+    /// `[batch]` current tokens, `[batch]` draw counters (positions are kvq's lengths).
     state: wgpu::Buffer,
+    /// Per layer: its index, for the RoPE kernel's read of that layer's lengths.
+    layer_index: Vec<wgpu::Buffer>,
     /// A prompt's token ids.
     ids: wgpu::Buffer,
     decode_params: wgpu::Buffer,
@@ -319,7 +322,15 @@ impl Engine {
             act: buffer(ctx, "act", rows * cfg.ffn as u64 * 4, st),
             inv: buffer(ctx, "inv rms", rows * 4, st),
             logits: buffer(ctx, "logits", b * cfg.vocab as u64 * 4, st),
-            state: buffer(ctx, "state", b * 3 * 4, st),
+            state: buffer(ctx, "state", b * 2 * 4, st),
+            layer_index: (0..cfg.layers)
+                .map(|l| {
+                    let u = buffer(ctx, "layer", 16, U::UNIFORM | U::COPY_DST);
+                    ctx.queue
+                        .write_buffer(&u, 0, bytemuck::cast_slice(&[l, 0, 0, 0]));
+                    u
+                })
+                .collect(),
             ids: buffer(ctx, "ids", rows * 4, st),
             decode_params: buffer(ctx, "decode params", 32, U::UNIFORM | U::COPY_DST),
             prompt_params: buffer(ctx, "prompt params", 32, U::UNIFORM | U::COPY_DST),
@@ -382,7 +393,7 @@ impl Engine {
     /// Sets how the next tokens are chosen.
     pub fn set_sampling(&mut self, s: Sampling) {
         self.sampling = s;
-        self.write_params(&self.bufs.decode_params, 1, self.opts.batch);
+        self.write_params(&self.bufs.decode_params, 1, 0);
     }
 
     /// The operands of `which` in `layer` (the output product: the model's): the matrix, its
@@ -532,6 +543,7 @@ impl Engine {
                 ("HK", Const::U(c.kv_heads)),
                 ("ROPE", Const::U((c.rope == Rope::Neox) as u32)),
                 ("QK_NORM", Const::B(c.qk_norm)),
+                ("B", Const::U(self.opts.batch)),
                 ("EPS", eps),
             ],
         )?;
@@ -540,20 +552,19 @@ impl Engine {
                 ops.push(self.rms_op(params)?);
             }
             ops.push(self.product(prompt, Product::Qkv, layer, params)?);
+            let res = vec![
+                b.qkv.as_entire_binding(),
+                b.q.as_entire_binding(),
+                b.k.as_entire_binding(),
+                b.v.as_entire_binding(),
+                wgpu::BindingResource::Buffer(self.cache.lengths_binding()),
+                layer.rope_consts.as_entire_binding(),
+                params.as_entire_binding(),
+                b.layer_index[l].as_entire_binding(),
+            ];
             ops.push(Op::Kernel {
                 kernel: rope.clone(),
-                bind: self.kernels.bind(
-                    &rope,
-                    &[
-                        &b.qkv,
-                        &b.q,
-                        &b.k,
-                        &b.v,
-                        &b.state,
-                        &layer.rope_consts,
-                        params,
-                    ],
-                ),
+                bind: self.kernels.bind_resources(&rope, res),
                 grid: Grid::Tokens {
                     x: c.q_heads + 2 * c.kv_heads,
                     tile: 1,
@@ -655,7 +666,7 @@ impl Engine {
             kvq: self.ctx.stats().dispatches - before,
         };
         let bytes = batch as u64 * 4;
-        enc.copy_buffer_to_buffer(&self.bufs.state, bytes, &self.bufs.readback, 0, bytes);
+        enc.copy_buffer_to_buffer(&self.bufs.state, 0, &self.bufs.readback, 0, bytes);
         self.ctx.queue.submit([enc.finish()]);
         read_u32(&self.ctx, &self.bufs.readback, bytes)
     }
@@ -799,16 +810,16 @@ impl Engine {
         for s in 0..self.opts.batch {
             self.cache.reset(s)?;
         }
-        let zeros = vec![0u32; 3 * self.opts.batch as usize];
+        let zeros = vec![0u32; 2 * self.opts.batch as usize];
         self.ctx
             .queue
             .write_buffer(&self.bufs.state, 0, bytemuck::cast_slice(&zeros));
         Ok(())
     }
 
-    /// Sets every sequence's position and the cache's lengths to `len` without running the
-    /// model (the cache's rows keep whatever they hold): for timing a decode step at a
-    /// context without computing the prompt. `fill` appends that many rows of random K/V first.
+    /// Empties every sequence and appends `len` tokens of random K/V to each without running
+    /// the model (positions follow, being the cache's lengths): for timing a decode step at a
+    /// context without computing the prompt.
     pub fn fill_random(&mut self, len: u32) -> Result<()> {
         self.reset()?;
         let c = &self.weights.cfg;
@@ -846,8 +857,7 @@ impl Engine {
             self.ctx.queue.submit([enc.finish()]);
             filled += n;
         }
-        let mut state = vec![len; self.opts.batch as usize];
-        state.extend(vec![1u32; self.opts.batch as usize]);
+        let mut state = vec![1u32; self.opts.batch as usize];
         state.extend(vec![0u32; self.opts.batch as usize]);
         self.ctx
             .queue

@@ -37,7 +37,7 @@ pub enum Kind {
     Embed,
     /// h, inv, params.
     Rms,
-    /// qkv, q, k, v, state, consts, params.
+    /// qkv, q, k, v, kvq's lengths, consts, params, the layer.
     Rope,
     /// logits, state, params.
     Sample,
@@ -65,7 +65,7 @@ impl Kind {
             Kind::Matmul => &[Read, Read, Read, Read, Write, Uniform, Read],
             Kind::Embed => &[Read, Write, Read, Read, Uniform],
             Kind::Rms => &[Read, Write, Uniform],
-            Kind::Rope => &[Read, Write, Write, Write, Read, Read, Uniform],
+            Kind::Rope => &[Read, Write, Write, Write, Read, Read, Uniform, Uniform],
             Kind::Sample => &[Read, Write, Uniform],
             Kind::Fill => &[Write, Write],
         }
@@ -240,12 +240,22 @@ impl Kernels {
 
     /// A bind group of `kernel` over whole buffers, binding `i` being `bufs[i]`.
     pub fn bind(&self, kernel: &Kernel, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        let entries: Vec<_> = bufs
-            .iter()
+        let res: Vec<_> = bufs.iter().map(|b| b.as_entire_binding()).collect();
+        self.bind_resources(kernel, res)
+    }
+
+    /// A bind group of `kernel`, binding `i` being `res[i]` (a buffer's range, say).
+    pub fn bind_resources(
+        &self,
+        kernel: &Kernel,
+        res: Vec<wgpu::BindingResource<'_>>,
+    ) -> wgpu::BindGroup {
+        let entries: Vec<_> = res
+            .into_iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
+            .map(|(i, r)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: b.as_entire_binding(),
+                resource: r,
             })
             .collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {

@@ -2,7 +2,8 @@
 // q [tokens, HQ, D] f32, k and v [tokens, HK, D] f16 (two per word, element 2i in the low
 // half), with RoPE on q and k at each token's position and, where QK_NORM, an RMSNorm of each
 // q and k head before it (Qwen3). One workgroup per (head, token); token t = b * per_seq + i
-// is at position pos[b] + i (state.wgsl).
+// is at position len + i, len the sequence's length in this layer before its new tokens, read
+// from kvq's lengths on the GPU (`KvCache::lengths_binding`): nothing is uploaded per step.
 //
 // ROPE 0: adjacent pairs (2i, 2i + 1) rotate by pos · freq[i] (GGUF's Llama layout, whose Q/K
 // weights are permuted for it); ROPE 1: pairs (i, i + D / 2) (the Hugging Face / NeoX form).
@@ -13,11 +14,13 @@
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> k: array<u32>;
 @group(0) @binding(3) var<storage, read_write> v: array<u32>;
-// [B] positions, then [B] tokens, then [B] sample counters.
-@group(0) @binding(4) var<storage, read> state: array<u32>;
+// kvq's lengths: sequence b of layer l at l * B + b.
+@group(0) @binding(4) var<storage, read> lens: array<u32>;
 // [D / 2] RoPE frequencies, then [D] q-norm gain, then [D] k-norm gain.
 @group(0) @binding(5) var<storage, read> consts: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
+// x: this layer's index.
+@group(0) @binding(7) var<uniform> at: vec4<u32>;
 
 const HALF: u32 = D / 2u;
 const WGS: u32 = 64u;
@@ -54,7 +57,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         scale = inverseSqrt(red[0] / f32(D) + EPS);
     }
     let b = t / p.per_seq;
-    let pos = f32(state[b] + t % p.per_seq);
+    let pos = f32(lens[at.x * B + b] + t % p.per_seq);
     var out: array<f32, 2 * ((HALF + WGS - 1u) / WGS)>;
     for (var j = 0u; j * WGS + lid < HALF; j++) {
         let i = j * WGS + lid;

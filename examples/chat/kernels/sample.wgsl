@@ -3,13 +3,13 @@
 // temperature and nucleus sampling: the smallest set of most likely tokens whose probability
 // mass reaches p.top_p (found by bisecting a probability threshold), then a token drawn from
 // that set with a uniform number from a counter-based hash of (p.seed, sequence, draw).
-// Writes the token (read by the next step's embedding, and read back), advances the
-// sequence's position by p.per_seq and its draw counter by one.
+// Writes the token (read by the next step's embedding, and read back) and advances the
+// sequence's draw counter.
 
 #include "params.wgsl"
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
-// [B] positions, then [B] tokens, then [B] draw counters.
+// [B] tokens, then [B] draw counters.
 @group(0) @binding(1) var<storage, read_write> state: array<u32>;
 @group(0) @binding(2) var<uniform> p: Params;
 
@@ -99,7 +99,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         let kept = mass(base, lid, mx, lo);
-        let draw = state[2u * B + b];
+        let draw = state[B + b];
         let u = f32(hash(hash(p.seed ^ (b * 2654435769u)) ^ draw) >> 8u) / 16777216.0;
         let goal = u * kept;
         // Each invocation sums a contiguous range of ids; the range holding the goal is
@@ -152,8 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         token = ri[1];
     }
     if lid == 0u {
-        state[B + b] = token;
-        state[b] += p.per_seq;
-        state[2u * B + b] += 1u;
+        state[b] = token;
+        state[B + b] += 1u;
     }
 }
