@@ -42,8 +42,6 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for i in "${!variants[@]}"; do
     run "$r" "$i" steps --queries 1,4 --steps 20 --warmup 5
   done
-done
-for r in $(seq 1 "${ROUNDS:-2}"); do
   for i in "${!variants[@]}"; do
     run "$r" "$i" n512 --queries 512 --steps 3 --warmup 1
   done

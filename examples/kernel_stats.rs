@@ -381,6 +381,9 @@ fn run() -> Result<(), Error> {
             k: c.k,
             v: c.v,
             exact: args.exact,
+            // (The driver statistics this reads are NVIDIA's: its kernels as the measured
+            // NVIDIA GPUs compile them.)
+            baked_shape: kvq::tuning::BAKED_ON_NVIDIA,
             precision,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the

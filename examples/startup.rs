@@ -9,7 +9,8 @@
 //! decode step (every layer), and the compute pipelines the context compiled for it: the
 //! first cache compiles its kernels, the others find them compiled (caches that differ only
 //! in capacity, batch, window, layers or splits share them), so their start is the
-//! allocation and one step.
+//! allocation and one step; but where the adapter's tuning bakes the shape into the kernels
+//! (`kvq::tuning::DeviceTuning::baked_shape`: the measured NVIDIA GPUs), each compiles its own.
 
 use std::time::Instant;
 

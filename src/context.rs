@@ -123,6 +123,9 @@ impl GpuContext {
     /// kvq needs is requested; f16, subgroups and timestamps are enabled when offered.
     /// Allocations past [`MEMORY_BUDGET_PERCENT`] of the driver's memory budget fail with
     /// [`KvqError::OutOfMemory`] instead of oversubscribing the device.
+    ///
+    /// Blocking, so not in a browser (`wasm32`): use [`GpuContext::new_async`] there.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<GpuContext> {
         pollster::block_on(Self::new_async())
     }
@@ -270,11 +273,11 @@ impl GpuContext {
     /// wgpu bounds every loop with a hidden iteration counter, a guard against shaders that
     /// never terminate. kvq's loops terminate by construction (each counts by a fixed step to
     /// a bound derived from the cache's shape or from lengths the kernels keep within
-    /// capacity), and the counters cost the decode step 7-28 % on an H200 (BENCHMARKS.md, "wgpu's shader runtime checks").
-    /// wgpu also clamps every array index into range; every kvq index is in range
-    /// by construction (audited: BENCHMARKS.md, "wgpu's shader runtime checks"), and the clamps cost a cache
-    /// with a rotated V codec (turbo, rotor, iso) 7-10 % of its step, one on each level-table
-    /// lookup, so its kernels leave them out ([`crate::KernelConfig::clamps_indices`]); for the
+    /// capacity), and the counters cost the decode step much of its time (BENCHMARKS.md,
+    /// "wgpu's shader runtime checks"). wgpu also clamps every array index into range; every
+    /// kvq index is in range by construction (audited there), and the clamps cost a cache
+    /// with a rotated V codec (turbo, rotor, iso) a clamp on each level-table lookup, so its
+    /// kernels leave them out ([`crate::KernelConfig::clamps_indices`]); for the
     /// other codecs leaving them out measured nothing or a loss, and they stay. On Vulkan the
     /// driver's own buffer robustness stays on regardless. `true` restores every check, and
     /// wgpu's zeroing of workgroup memory (see [`GpuContext::with_workgroup_poison`]), as a
@@ -325,8 +328,11 @@ impl GpuContext {
     /// Compute pipelines this context has compiled: every cache made on it (and on its
     /// clones) shares them, compiling a kernel only where no earlier cache had one of the
     /// same text and compile options. Caches that differ only in capacity, batch, window,
-    /// layers or splits compile nothing new; another codec, head_dim, GQA ratio, workgroup,
-    /// exact-token layout or precision does, as do other shader checks or workgroup poison.
+    /// layers or splits compile nothing new, but where the adapter's tuning bakes those into
+    /// the text ([`crate::tuning::DeviceTuning::baked_shape`]: the measured NVIDIA GPUs, where
+    /// a compile is cheap and the uniforms measured slower); another codec, head_dim, GQA
+    /// ratio, workgroup, exact-token layout or precision does, as do other shader checks or
+    /// workgroup poison.
     pub fn compiled_pipelines(&self) -> u64 {
         self.kernels.compiled_pipelines()
     }
@@ -369,15 +375,18 @@ impl GpuContext {
     ) -> Result<wgpu::Buffer> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buf = self.device.create_buffer(desc);
-        match pollster::block_on(scope.pop()) {
-            Some(e) => Err(KvqError::OutOfMemory {
-                adapter: self.info.name.clone(),
-                what: desc.label.unwrap_or("a buffer").into(),
-                needed: desc.size,
-                detail: e.to_string(),
-            }),
-            None => Ok(buf),
-        }
+        let (adapter, what, needed) = (
+            self.info.name.clone(),
+            desc.label.unwrap_or("a buffer").to_string(),
+            desc.size,
+        );
+        crate::wait::check_scope(&self.device, scope, move |e| KvqError::OutOfMemory {
+            adapter,
+            what,
+            needed,
+            detail: e.to_string(),
+        })?;
+        Ok(buf)
     }
 
     /// Writes `data` into `buffer` at `offset` through the queue, counted as an upload.
@@ -386,10 +395,14 @@ impl GpuContext {
         self.queue.write_buffer(buffer, offset, data);
     }
 
-    /// Submits one command buffer and waits for it, counted.
+    /// Submits one command buffer and waits for it, counted (in a browser, submits only:
+    /// queue order makes later work and read-backs see its results).
     pub(crate) fn submit_and_wait(&self, cmd: wgpu::CommandBuffer) -> Result<()> {
         self.counters.add_submit();
         let idx = self.queue.submit([cmd]);
+        #[cfg(target_arch = "wasm32")]
+        let _ = idx;
+        #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(idx),
@@ -397,38 +410,5 @@ impl GpuContext {
             })
             .map_err(|e| KvqError::DeviceLost(e.to_string()))?;
         Ok(())
-    }
-
-    /// Copies `size` bytes of `src` at `offset` back to the host, counted as a download.
-    pub(crate) fn read_back(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
-        let staging = self.create_buffer_checked(&wgpu::BufferDescriptor {
-            label: Some("kvq readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })?;
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
-        self.submit_and_wait(enc.finish())?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
-            .map_err(|e| KvqError::DeviceLost(e.to_string()))?;
-        rx.recv()
-            .map_err(|e| KvqError::DeviceLost(e.to_string()))?
-            .map_err(|e| KvqError::Gpu(format!("map failed: {e}")))?;
-        let bytes = staging
-            .get_mapped_range(..)
-            .map_err(|e| KvqError::Gpu(format!("map failed: {e:?}")))?
-            .to_vec();
-        staging.unmap();
-        self.counters.add_download(size);
-        Ok(bytes)
     }
 }

@@ -34,6 +34,19 @@
 //! - [`reference`](mod@reference) (f64 attention) and [`codec::CodecRef`] (every codec, bit-exact) are the
 //!   CPU oracles every kernel is tested against.
 //!
+//! Kernels compile once per context: the caches made on a [`GpuContext`] (and its clones)
+//! share every compiled pipeline whose WGSL text and compile options match, and a cache's
+//! capacity, batch, window, layers and splits are uniforms its kernels read, not part of the
+//! text. So a second cache of another size, or a cache rebuilt for a longer conversation or
+//! another batch slot, starts without compiling ([`GpuContext::compiled_pipelines`] counts
+//! them; the `startup` example times it). The measured NVIDIA GPUs are the exception: there
+//! the uniforms cost the kernels up to a few per cent and a compile well under a second, so
+//! their tuning bakes the shape into the text ([`tuning::DeviceTuning::baked_shape`]). What changes the text compiles anew: the codecs,
+//! head_dim, the GQA ratio, the decode workgroup, the exact-token layout, the precision, and
+//! [`GpuContext::with_shader_checks`] or [`GpuContext::with_workgroup_poison`]. The decode
+//! kernels compile with the cache; the others when their io is first prepared, never while
+//! recording.
+//!
 //! # A decode step
 //! Bind your buffers once ([`KvCache::step_io`]: the new token's K/V `[n, kv_heads,
 //! head_dim]` in f16 or f32, the query and output `[q_heads, head_dim]` in f32), then record
@@ -134,6 +147,9 @@
 //! [`DispatchTimer`] times each dispatch of a recording ([`KvCache::step_in_timed_pass`]), where
 //! the adapter has timestamps inside compute passes.
 #![warn(missing_docs)]
+// The docs link the blocking forms (`GpuContext::new`, `KvCache::attend_host`, ...), which
+// exist only natively: built for wasm32 those links stay plain text.
+#![cfg_attr(target_arch = "wasm32", allow(rustdoc::broken_intra_doc_links))]
 
 pub mod cache;
 pub mod codec;
@@ -147,6 +163,7 @@ pub mod reference;
 pub mod spec;
 pub mod timer;
 pub mod tuning;
+mod wait;
 
 pub use cache::{AppendInput, AttendIo, CHUNK_SLICE_TOKENS, ChunkIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};

@@ -106,12 +106,19 @@ impl DispatchTimer {
 
     /// Reads the resolved timestamps back (blocking; a download in [`GpuContext::stats`]) and
     /// sums each kernel's dispatches, in the order the kernels were first dispatched.
+    /// Natively only; in a browser, [`DispatchTimer::read_async`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read(&self, ctx: &GpuContext) -> Result<Vec<KernelTime>> {
+        pollster::block_on(self.read_async(ctx))
+    }
+
+    /// [`DispatchTimer::read`] without blocking (for a browser; natively it waits in place).
+    pub async fn read_async(&self, ctx: &GpuContext) -> Result<Vec<KernelTime>> {
         let n = 2 * self.entries.len() as u64;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let bytes = ctx.read_back(&self.resolved, 0, 8 * n)?;
+        let bytes = ctx.read_back_async(&self.resolved, 0, 8 * n).await?;
         // (Copied out: a byte vector need not be aligned for u64.)
         let t: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
         let period = ctx.queue.get_timestamp_period() as f64;

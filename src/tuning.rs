@@ -199,7 +199,38 @@ pub struct DeviceTuning {
     pub prefill_from_f16: Option<u32>,
     /// How a chunk slice's splits follow from its size.
     pub chunk_splits: ChunkSplitRule,
+    /// The cache's shape numbers this device's kernels keep baked into their text, by their
+    /// WGSL names (`B`, `CAP`, `WIN`, `RING`, `LAYERS`, `KVH`, `QH`, `NSPLIT`,
+    /// `SPLITS_TOTAL`, `PSLOTS`, `MIN_CHUNK`, `CST`, `KMU`, `SCALE`); the others are read
+    /// from uniforms at run time. A baked number makes caches that differ in it compile
+    /// kernels of their own; a uniform one may cost the kernels time. Empty: every number
+    /// is a uniform, so caches of any capacity, batch, window, layers and splits share one
+    /// compile ([`crate::GpuContext::compiled_pipelines`]). For a measurement, the environment
+    /// variable `KVQ_BAKE` (comma-separated names, `all`, or empty for none) takes its place
+    /// for every cache of the process; either way the kernels compute the same results.
+    pub baked_shape: &'static [&'static str],
 }
+
+/// The shape numbers whose move from the kernels' text to uniforms cost more than 2 % of a
+/// decode step or a chunk somewhere on an H100 SXM (qwen3-8b, `none`, `q4_sym`,
+/// `turbo3_sym`, `k_iso3` at 4k and 32k, steps and chunks of 4 and 512; BENCHMARKS.md, "One
+/// compile per kernel"): `B`, `CAP` and `LAYERS` up to 4 % of a 4k step, `WIN` and `RING` up
+/// to 5 % of a chunk, `KVH` and `QH` up to 6 % of a chunk of 4, the split counts up to 4 % of
+/// a 4k step; `CST`, `KMU` and `SCALE` within ±1 %. There a kernel compiles in about 0.4 s,
+/// so a cache of another size pays that once rather than the step's time at every step.
+pub const BAKED_ON_NVIDIA: &[&str] = &[
+    "B",
+    "CAP",
+    "LAYERS",
+    "WIN",
+    "RING",
+    "KVH",
+    "QH",
+    "NSPLIT",
+    "SPLITS_TOTAL",
+    "PSLOTS",
+    "MIN_CHUNK",
+];
 
 impl DeviceTuning {
     /// The prefill threshold for `spec`: its own [`CacheSpec::prefill_from`], else this
@@ -253,6 +284,8 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
     prefill_from: None,
     prefill_from_f16: None,
     chunk_splits: CHUNK_SPLITS,
+    // Compiles are the suite's and a first start's cost here: every shape number a uniform.
+    baked_shape: &[],
 };
 
 /// NVIDIA H200 (132 multiprocessors), where every decode default was measured (BENCHMARKS.md,
@@ -272,6 +305,8 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
 /// products it is 2× slower, and fewer tokens were not measured. With a chunk's own split
 /// count ([`CHUNK_SPLITS`]) the f16 prefill kernel stayed 7–8 % ahead of the split kernel's
 /// best count on an H100 SXM (`q4_sym`, `turbo3_sym` at 64 and 512 tokens, two calls).
+///
+/// Shape numbers: [`BAKED_ON_NVIDIA`], measured on its sibling, the H100 SXM.
 pub const H200: DeviceTuning = DeviceTuning {
     name: "NVIDIA H200",
     adapters: AdapterMatch::Named {
@@ -287,6 +322,7 @@ pub const H200: DeviceTuning = DeviceTuning {
     prefill_from: None,
     prefill_from_f16: Some(64),
     chunk_splits: CHUNK_SPLITS,
+    baked_shape: BAKED_ON_NVIDIA,
 };
 
 /// NVIDIA H100 SXM (its Vulkan name "NVIDIA H100 80GB HBM3"): the H200's GH100 chip, with
@@ -320,7 +356,9 @@ pub const H100_SXM: DeviceTuning = DeviceTuning {
 /// single sequence (several sequences fill it); [`crate::CacheSpec::with_splits`] sets more.
 /// The residency per multiprocessor is the H200's, because it follows each kernel's
 /// registers; decode workgroups of 128 invocations, as on the H200 (every WebGPU adapter
-/// runs workgroups of 256).
+/// runs workgroups of 256). Every shape number is a uniform: on Metal and in browsers a
+/// kernel compiles at its first use, a stall an app sees whenever a cache of another size
+/// would need kernels of its own, and no run-time cost of the uniforms was measured there.
 pub const UNMEASURED: DeviceTuning = DeviceTuning {
     name: "unmeasured GPU",
     adapters: AdapterMatch::Otherwise,
@@ -333,6 +371,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
     prefill_from: None,
     prefill_from_f16: None,
     chunk_splits: CHUNK_SPLITS,
+    baked_shape: &[],
 };
 
 /// The measured tunings, the first match wins; an adapter none matches gets [`UNMEASURED`].

@@ -41,6 +41,7 @@ fn configs() -> Vec<KernelConfig> {
                 k,
                 v: vc,
                 exact: Default::default(),
+                baked_shape: &[],
                 precision: kvq::Precision::Exact,
             });
         }

@@ -2,8 +2,7 @@
 //! naga and written to MSL (2.4), HLSL (SM 6.0) and SPIR-V (1.3); `spirv-val` checks the
 //! SPIR-V when installed (CI sets KVQ_REQUIRE_SPIRV_VAL=1 so a missing spirv-val fails).
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod common;
 
 use kvq::{Codec, KernelConfig};
 use naga::back::{hlsl, msl, spv};
@@ -64,6 +63,13 @@ fn configs() -> Vec<KernelConfig> {
                 } else {
                     Default::default()
                 },
+                // Half with the shape numbers baked (the measured NVIDIA GPUs' kernels),
+                // half reading them from uniforms (every other adapter's).
+                baked_shape: if i % 2 == 0 {
+                    kvq::tuning::BAKED_ON_NVIDIA
+                } else {
+                    &[]
+                },
                 // Every other one with f16 products (the f16 prefill kernel).
                 precision: match i % 2 {
                     0 => kvq::Precision::Exact,
@@ -76,37 +82,9 @@ fn configs() -> Vec<KernelConfig> {
 }
 
 fn spirv_val(words: &[u32], name: &str) {
-    let required = std::env::var("KVQ_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
-    let child = Command::new("spirv-val")
-        .args(["--target-env", "vulkan1.1", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            assert!(
-                !required,
-                "spirv-val is required (KVQ_REQUIRE_SPIRV_VAL=1) but could not run: {e}"
-            );
-            eprintln!("spirv-val not found; SPIR-V of {name} not checked by it");
-            return;
-        }
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(bytemuck::cast_slice(words))
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "spirv-val rejects {name}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Some((ok, said)) = common::spirv_val(words, "vulkan1.1", name) {
+        assert!(ok, "spirv-val rejects {name}: {said}");
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use kvq::GpuContext;
 
 use crate::codec_list::split_codecs;
+use crate::matrix::Selection;
 use crate::plan::{CPU_DEFAULT, GPU_DEFAULT};
 
 /// The usage text, printed on `--help` or on a bad flag.
@@ -12,6 +13,7 @@ pub fn usage() -> String {
         "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,q8_sym,turbo3_sym+exact,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks] [--kernel-times]
              [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--chunk-splits N] [--precision auto|exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
+             [--matrix default|all|off|list|NAME,...] [--matrix-dump DIR] [--probes-only]
        sweep --replot FILE.csv --plot FILE.svg   (plot a sweep CSV again, no GPU needed)
 A codec name ending in +exact keeps each sequence's first 16 and newest 32 tokens exact (CacheSpec::with_exact(16, 32));
 +exact+kmean also removes K's mean (ExactTokens::k_mean). Defaults: --codecs {}, --csv {DEFAULT_CSV}, --plot {DEFAULT_PLOT};
@@ -114,6 +116,13 @@ pub struct Args {
     /// `--precision auto|exact|fast`: the caches' products (`CacheSpec::with_precision`;
     /// default `auto`, the library's).
     pub precision: kvq::Precision,
+    /// `--matrix`: the matrix-unit probe's variants (`default`: the loop kernels and the
+    /// fastest GEMM; `list` prints every name).
+    pub matrix: Selection,
+    /// `--matrix-dump DIR`: each matrix variant's WGSL and pipeline-cache data (machine code).
+    pub matrix_dump: Option<String>,
+    /// `--probes-only`: run the probes, print them and stop (no points).
+    pub probes_only: bool,
 }
 
 impl Args {
@@ -158,6 +167,9 @@ impl Default for Args {
             prefill_from: None,
             chunk_splits: None,
             precision: kvq::Precision::Auto,
+            matrix: Selection::Default,
+            matrix_dump: None,
+            probes_only: false,
         }
     }
 }
@@ -183,6 +195,7 @@ pub fn parse_args() -> Result<Args, String> {
             "--unfused" => a.unfused = true,
             "--kernel-times" => a.kernel_times = true,
             "--shader-checks" => a.shader_checks = true,
+            "--probes-only" => a.probes_only = true,
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -209,7 +222,7 @@ pub fn parse_args() -> Result<Args, String> {
 }
 
 /// The flags that take a value, which [`set_valued`] sets.
-const VALUED: [&str; 20] = [
+const VALUED: [&str; 22] = [
     "--model",
     "--ctx",
     "--codecs",
@@ -230,6 +243,8 @@ const VALUED: [&str; 20] = [
     "--plot",
     "--replot",
     "--mem-budget",
+    "--matrix",
+    "--matrix-dump",
 ];
 
 /// Sets the flag that takes a value (`--ctx 4096`) on `a`.
@@ -298,6 +313,16 @@ fn set_valued(a: &mut Args, flag: &str, val: String) -> Result<(), String> {
                 .map_err(|_| format!("--mem-budget: '{val}' is not a number of GiB"))?;
             a.mem_budget = Some(gib);
         }
+        "--matrix" => {
+            if val == "list" {
+                for v in crate::matrix_wgsl::variants() {
+                    println!("{}", v.name());
+                }
+                std::process::exit(0);
+            }
+            a.matrix = Selection::parse(&val)?;
+        }
+        "--matrix-dump" => a.matrix_dump = Some(val),
         _ => return Err(format!("{flag} is in VALUED but has no arm here")),
     }
     Ok(())

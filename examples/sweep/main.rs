@@ -12,13 +12,15 @@
 //! holds. `--replot FILE.csv --plot FILE.svg` draws an earlier sweep's CSV again, without a
 //! GPU.
 //!
-//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the peak probes),
-//! [`measure`] (the timed runs), [`timing`] (their clocks), [`noise`] (why a point is noisy),
-//! [`progress`] (stderr), [`report`] (stdout), [`csv`] (the CSV, both ways), [`plot`] (the
-//! SVG).
+//! Modules: [`args`] (the command line), [`plan`] (what runs), [`probe`] (the bandwidth,
+//! FMA and matrix probes; [`matrix`] and [`matrix_wgsl`] hold the last), [`measure`] (the timed
+//! runs), [`timing`] (their clocks), [`noise`] (why a point is noisy), [`progress`] (stderr),
+//! [`report`] (stdout), [`csv`] (the CSV, both ways), [`plot`] (the SVG).
 
 mod args;
 mod csv;
+mod matrix;
+mod matrix_wgsl;
 mod measure;
 mod noise;
 mod plan;
@@ -66,7 +68,10 @@ fn main() {
     let wait = args.wait_on(&ctx);
     let plan = Plan::new(&args, &ctx).unwrap_or_else(|e| fail(2, e));
     let started = Instant::now();
-    let peaks = probe::peaks(&ctx);
+    let peaks = probe::peaks(&ctx, &args.matrix, args.matrix_dump.as_deref());
+    if args.probes_only {
+        return;
+    }
     let rows = run_points(&ctx, &plan, &args);
     let derived = report::derive(&rows, &peaks, ctx.is_cpu());
     report::print(&rows, &derived, &peaks, wait);

@@ -1,12 +1,14 @@
 //! The probes, run once before the points: the adapter's streaming read bandwidth, the
-//! reference each point's `bw_fraction` (`%peak`) is taken of, and its FP32 multiply-add
-//! rate, the reference of each point's attention FLOP/s (`fma_fraction`, `%fma`).
+//! reference each point's `bw_fraction` (`%peak`) is taken of, its FP32 multiply-add
+//! rate, the reference of each point's attention FLOP/s (`fma_fraction`, `%fma`), and its
+//! matrix units ([`crate::matrix`], where the adapter has cooperative matrices).
 
 use std::time::Instant;
 
 use kvq::GpuContext;
 use kvq::memory::fmt_bytes;
 
+use crate::matrix::{Selection, peak_matrix};
 use crate::timing::{Timestamps, gbps, median, ms, wait_for};
 
 /// What the probes measured (None where a probe failed; the sweep goes on without it).
@@ -15,12 +17,16 @@ pub struct Peaks {
     pub fma: Option<PeakFma>,
 }
 
-/// Runs both probes, each printing its result (or why there is none) on stderr.
-pub fn peaks(ctx: &GpuContext) -> Peaks {
-    Peaks {
+/// Runs the probes, each printing its result (or why there is none) on stderr; the matrix
+/// probe ([`crate::matrix::peak_matrix`]) runs the variants `matrix` selects, writing their
+/// WGSL and machine code to `matrix_dump` if given, and prints its own table.
+pub fn peaks(ctx: &GpuContext, matrix: &Selection, matrix_dump: Option<&str>) -> Peaks {
+    let p = Peaks {
         read: peak_bandwidth(ctx),
         fma: peak_fma(ctx),
-    }
+    };
+    peak_matrix(ctx, matrix, matrix_dump);
+    p
 }
 
 /// The adapter's measured FP32 multiply-add rate.
@@ -340,7 +346,7 @@ fn time_fma(ctx: &GpuContext) -> Result<PeakFma, String> {
 /// Times the pass `record` writes (into its encoder, with the descriptor's timestamps) after a
 /// warm-up: the median of several runs' GPU time where the device has timestamps, else of the
 /// host clock around submit + wait; with how it was timed.
-fn time_passes(
+pub fn time_passes(
     ctx: &GpuContext,
     label: &str,
     record: impl Fn(&mut wgpu::CommandEncoder, &wgpu::ComputePassDescriptor),

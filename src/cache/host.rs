@@ -1,5 +1,6 @@
 //! The host API: uploads, read-backs and length edits that wait for the GPU (conveniences,
-//! tests and diagnostics; not the hot path).
+//! tests and diagnostics; not the hot path). Each read-back has an `async` form, for a
+//! browser (`wasm32`), where the blocking forms do not exist (see `crate::wait`).
 
 use super::io::{HostIo, HostQuery};
 use super::kv_cache::KvCache;
@@ -9,7 +10,8 @@ use crate::kernels::{InputType, K_BLOCK};
 
 impl KvCache {
     /// Host convenience: uploads `k` and `v` (`[batch, n, kv_heads, head_dim]` f32) and appends
-    /// them to `layer`, waiting for the GPU. A NaN or ±Inf value is stored as 0 (see
+    /// them to `layer`, waiting for the GPU (in a browser it submits without waiting: the
+    /// queue orders what comes after). A NaN or ±Inf value is stored as 0 (see
     /// [`KvCache::append_input`]).
     pub fn append_host(&mut self, layer: u32, k: &[f32], v: &[f32]) -> Result<()> {
         self.check_layer(layer)?;
@@ -68,10 +70,18 @@ impl KvCache {
     }
 
     /// Host convenience: attends `q` (`[batch, q_heads, head_dim]` f32) over `layer` and
-    /// returns the output, same shape. Unlike [`KvCache::attend_in_pass`], which writes a
+    /// returns the output, same shape, waiting for the GPU (natively only; in a browser,
+    /// [`KvCache::attend_host_async`]). Unlike [`KvCache::attend_in_pass`], which writes a
     /// zero output for a sequence with no tokens, this refuses such a call
     /// ([`KvqError::EmptySequence`]): on the host, attending nothing is a caller's mistake.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn attend_host(&self, layer: u32, q: &[f32]) -> Result<Vec<f32>> {
+        pollster::block_on(self.attend_host_async(layer, q))
+    }
+
+    /// [`KvCache::attend_host`] without blocking: for a browser, where the read-back resolves
+    /// through the page's event loop (natively it waits in place).
+    pub async fn attend_host_async(&self, layer: u32, q: &[f32]) -> Result<Vec<f32>> {
         self.check_layer(layer)?;
         let s = &self.spec;
         let want = (s.batch * s.q_heads * s.head_dim) as usize;
@@ -87,43 +97,61 @@ impl KvCache {
                 return Err(KvqError::EmptySequence { layer, seq: b });
             }
         }
-        let mut guard = self.host_query.lock().unwrap_or_else(|e| e.into_inner());
-        if guard.is_none() {
-            let buf = |label, usage| {
-                self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
-                    label: Some(label),
-                    size: (want * 4) as u64,
-                    usage,
-                    mapped_at_creation: false,
-                })
-            };
-            let q = buf(
-                "kvq host q",
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            )?;
-            let out = buf(
-                "kvq host out",
-                wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            )?;
-            let io = self.attend_io(&q, &out)?;
-            *guard = Some(HostQuery { q, out, io });
-        }
-        let hq = guard.as_ref().expect("host query set above");
-        self.ctx.upload(&hq.q, 0, bytemuck::cast_slice(q));
-        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        self.attend(&mut enc, layer, &hq.io)?;
-        self.ctx.submit_and_wait(enc.finish())?;
-        let bytes = self.ctx.read_back(&hq.out, 0, (want * 4) as u64)?;
+        let out = {
+            let mut guard = self.host_query.lock().unwrap_or_else(|e| e.into_inner());
+            if guard.is_none() {
+                let buf = |label, usage| {
+                    self.ctx.create_buffer_checked(&wgpu::BufferDescriptor {
+                        label: Some(label),
+                        size: (want * 4) as u64,
+                        usage,
+                        mapped_at_creation: false,
+                    })
+                };
+                let q = buf(
+                    "kvq host q",
+                    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                )?;
+                let out = buf(
+                    "kvq host out",
+                    wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                )?;
+                let io = self.attend_io(&q, &out)?;
+                *guard = Some(HostQuery { q, out, io });
+            }
+            let hq = guard.as_ref().expect("host query set above");
+            self.ctx.upload(&hq.q, 0, bytemuck::cast_slice(q));
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            self.attend(&mut enc, layer, &hq.io)?;
+            self.ctx.submit_and_wait(enc.finish())?;
+            // (The read-back's copy is submitted before anything else can run: no other
+            // attend can overwrite `out` first.)
+            hq.out.clone()
+        };
+        let bytes = self.ctx.read_back_async(&out, 0, (want * 4) as u64).await?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
     /// Host convenience: appends `k` and `v` (`[batch, n, kv_heads, head_dim]` f32) to
     /// `layer` and returns the causal attention of their queries `q` (`[batch, n, q_heads,
     /// head_dim]` f32) over the cache, same shape as `q`, waiting for the GPU: a chunk (see
-    /// [`KvCache::chunk_in_pass`]).
+    /// [`KvCache::chunk_in_pass`]). Natively only; in a browser, [`KvCache::chunk_host_async`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn chunk_host(&mut self, layer: u32, k: &[f32], v: &[f32], q: &[f32]) -> Result<Vec<f32>> {
+        pollster::block_on(self.chunk_host_async(layer, k, v, q))
+    }
+
+    /// [`KvCache::chunk_host`] without blocking: for a browser, where the read-back resolves
+    /// through the page's event loop (natively it waits in place).
+    pub async fn chunk_host_async(
+        &mut self,
+        layer: u32,
+        k: &[f32],
+        v: &[f32],
+        q: &[f32],
+    ) -> Result<Vec<f32>> {
         self.check_layer(layer)?;
         let s = &self.spec;
         let per_tok = (s.batch * s.kv_heads * s.head_dim) as usize;
@@ -171,7 +199,7 @@ impl KvCache {
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         self.chunk(&mut enc, layer, &io)?;
         self.ctx.submit_and_wait(enc.finish())?;
-        let bytes = self.ctx.read_back(&ob, 0, (want * 4) as u64)?;
+        let bytes = self.ctx.read_back_async(&ob, 0, (want * 4) as u64).await?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
@@ -261,18 +289,36 @@ impl KvCache {
     /// layers, an encoder discarded) leaves it ahead of the GPU, and then appends' capacity
     /// checks and [`KvCache::truncate`] would act on lengths the GPU never reached (a cut
     /// "back" to such a length would attend rows never written). Call this after dropping such
-    /// a recording, once any recorded work you keep is submitted.
+    /// a recording, once any recorded work you keep is submitted. Natively only; in a
+    /// browser, [`KvCache::sync_lengths_async`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn sync_lengths(&mut self) -> Result<()> {
-        let (lens, _) = self.read_gpu_lengths()?;
+        pollster::block_on(self.sync_lengths_async())
+    }
+
+    /// [`KvCache::sync_lengths`] without blocking (for a browser; natively it waits in place).
+    pub async fn sync_lengths_async(&mut self) -> Result<()> {
+        let (lens, _) = self.read_gpu_lengths_async().await?;
         self.host_lens = lens;
         Ok(())
     }
 
     /// Reads the lengths and overflow flags from the GPU (`[layers * batch]` each): for tests
-    /// and diagnostics, not for the hot path.
+    /// and diagnostics, not for the hot path. Natively only; in a browser,
+    /// [`KvCache::read_gpu_lengths_async`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_gpu_lengths(&self) -> Result<(Vec<u32>, Vec<u32>)> {
+        pollster::block_on(self.read_gpu_lengths_async())
+    }
+
+    /// [`KvCache::read_gpu_lengths`] without blocking (for a browser; natively it waits in
+    /// place).
+    pub async fn read_gpu_lengths_async(&self) -> Result<(Vec<u32>, Vec<u32>)> {
         let n = (self.spec.layers * self.spec.batch) as usize;
-        let bytes = self.ctx.read_back(&self.lens, 0, (2 * n * 4) as u64)?;
+        let bytes = self
+            .ctx
+            .read_back_async(&self.lens, 0, (2 * n * 4) as u64)
+            .await?;
         let all: &[u32] = bytemuck::cast_slice(&bytes);
         Ok((all[..n].to_vec(), all[n..].to_vec()))
     }
@@ -280,8 +326,15 @@ impl KvCache {
     /// Reads the stored rows of `layer` by slot: K then V, each
     /// `[batch, kv_heads, capacity, row_words]` words exactly as the codec's row layout
     /// defines them (storage interleaving and segments undone). Slot = token position, or
-    /// position % capacity with a sliding window. For tests and diagnostics.
+    /// position % capacity with a sliding window. For tests and diagnostics. Natively only;
+    /// in a browser, [`KvCache::read_rows_async`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_rows(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
+        pollster::block_on(self.read_rows_async(layer))
+    }
+
+    /// [`KvCache::read_rows`] without blocking (for a browser; natively it waits in place).
+    pub async fn read_rows_async(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
         self.check_layer(layer)?;
         let s = &self.spec;
         let (kw, vw) = (
@@ -294,9 +347,11 @@ impl KvCache {
         let mut v = vec![0u32; runs * cap * vw];
         for (si, seg) in self.layers[layer as usize].iter().enumerate() {
             let kraw: Vec<u32> =
-                bytemuck::cast_slice(&self.ctx.read_back(&seg.k, 0, seg.k.size())?).to_vec();
+                bytemuck::cast_slice(&self.ctx.read_back_async(&seg.k, 0, seg.k.size()).await?)
+                    .to_vec();
             let vraw: Vec<u32> =
-                bytemuck::cast_slice(&self.ctx.read_back(&seg.v, 0, seg.v.size())?).to_vec();
+                bytemuck::cast_slice(&self.ctx.read_back_async(&seg.v, 0, seg.v.size()).await?)
+                    .to_vec();
             let start = si * self.layout.segment_tokens as usize;
             let stride = kraw.len() / (runs * kw); // allocated tokens per run in this segment
             for run in 0..runs {

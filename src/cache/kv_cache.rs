@@ -77,18 +77,17 @@ impl KvCache {
         let invalid_scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let bufs = buffers::allocate(ctx, &spec, &plan);
         let layers = bind::bind_segments(device, &pipes, &bufs);
-        let invalid = pollster::block_on(invalid_scope.pop());
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(KvqError::OutOfMemory {
-                adapter: ctx.info.name.clone(),
-                what: "the KV cache".into(),
-                needed: bufs.bytes(),
-                detail: e.to_string(),
-            });
-        }
-        if let Some(e) = invalid {
-            return Err(KvqError::Gpu(format!("creating the cache failed: {e}")));
-        }
+        let invalid = crate::wait::check_scope(device, invalid_scope, |e| {
+            KvqError::Gpu(format!("creating the cache failed: {e}"))
+        });
+        let (adapter, needed) = (ctx.info.name.clone(), bufs.bytes());
+        crate::wait::check_scope(device, scope, move |e| KvqError::OutOfMemory {
+            adapter,
+            what: "the KV cache".into(),
+            needed,
+            detail: e.to_string(),
+        })?;
+        invalid?;
         Ok(KvCache {
             id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
             ctx: ctx.clone(),
@@ -105,6 +104,16 @@ impl KvCache {
             chunk_scratch: Mutex::new(None),
             owned: bufs.owned,
         })
+    }
+
+    /// [`KvCache::new`], then [`GpuContext::check_errors_async`]: in a browser (`wasm32`) the
+    /// device answers kvq's checks of the allocation and the kernel builds only through the
+    /// page's event loop, so this is the form that returns their typed errors there
+    /// ([`KvqError::OutOfMemory`], say). Natively the same as [`KvCache::new`].
+    pub async fn new_async(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
+        let cache = KvCache::new(ctx, spec)?;
+        ctx.check_errors_async().await?;
+        Ok(cache)
     }
 
     /// Every byte of device memory this cache owns, by part: K and V codes, scales, norms and

@@ -90,6 +90,7 @@ pub(super) fn plan(
         k: spec.codecs.k,
         v: spec.codecs.v,
         exact: spec.exact,
+        baked_shape: tuning.baked_shape,
         // Without shader-f16 the fast products are not there: the exact kernels run.
         precision: match f16 {
             true => spec.precision.resolve(&spec.codecs),

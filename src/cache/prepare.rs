@@ -71,7 +71,7 @@ impl KvCache {
             input,
         } = new;
         // Built here, once, so that recording an append never compiles a pipeline.
-        self.pipes.append(input)?;
+        self.pipes.append(input, n)?;
         let s = &self.spec;
         let row_tasks = crate::kernels::encode_tasks(s.codecs.k, s.head_dim)
             + crate::kernels::encode_tasks(s.codecs.v, s.head_dim);
@@ -269,6 +269,7 @@ impl KvCache {
         // Built here, once, so that recording a chunk never compiles a pipeline.
         self.pipes.chunk()?;
         if prefill.is_some() {
+            self.pipes.prefill_rotate()?;
             self.pipes.prefill()?;
         }
         let partials = self.chunk_scratch(scratch)?;
@@ -436,14 +437,13 @@ impl KvCache {
             // COPY_SRC: crate::export reads every buffer's initial bytes.
             wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
         );
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(KvqError::OutOfMemory {
-                adapter: self.ctx.info.name.clone(),
-                what: label.into(),
-                needed: buf.size(),
-                detail: e.to_string(),
-            });
-        }
+        let (adapter, what, needed) = (self.ctx.info.name.clone(), label.to_string(), buf.size());
+        crate::wait::check_scope(device, scope, move |e| KvqError::OutOfMemory {
+            adapter,
+            what,
+            needed,
+            detail: e.to_string(),
+        })?;
         self.ctx.counters().add_upload(16);
         Ok(buf)
     }
@@ -461,13 +461,12 @@ impl KvCache {
             .device
             .push_error_scope(wgpu::ErrorFilter::Validation);
         let bound = bind_buffers(&self.ctx.device, label, layout, bufs);
-        match pollster::block_on(scope.pop()) {
-            None => Ok(bound),
-            Some(e) => Err(KvqError::BadBuffer {
-                what: label.into(),
-                problem: format!("wgpu cannot bind it to this cache's device: {e}"),
-            }),
-        }
+        let what = label.to_string();
+        crate::wait::check_scope(&self.ctx.device, scope, move |e| KvqError::BadBuffer {
+            what,
+            problem: format!("wgpu cannot bind it to this cache's device: {e}"),
+        })?;
+        Ok(bound)
     }
 }
 

@@ -155,7 +155,10 @@ impl KvCache {
         let [split, reduce] = self.pipes.chunk()?.clone();
         // Only where a slice takes it (chunk_io built it then: recording compiles nothing).
         let prefill = match io.prefill() {
-            true => Some(self.pipes.prefill()?.clone()),
+            true => Some((
+                self.pipes.prefill_rotate()?.cloned(),
+                self.pipes.prefill()?.clone(),
+            )),
             false => None,
         };
         // The whole chunk is reserved first: a chunk that would pass the capacity records
@@ -177,9 +180,9 @@ impl KvCache {
             };
             let stores = &io.store[layer as usize];
             let kernel = match (&prefill, slice.row_tiles) {
-                (Some([rotate, tiled]), Some(_)) => {
+                (Some((rotate, tiled)), Some(_)) => {
                     // A rotated K's queries are rotated into the scratch first.
-                    if self.spec.codecs.k.kind.is_rotated() {
+                    if let Some(rotate) = rotate {
                         pass.set_bind_group(1, &slice.io);
                         pass.set_pipeline(rotate);
                         pass.set_bind_group(0, &stores[0]);
@@ -210,7 +213,7 @@ impl KvCache {
     /// Reserves `n` tokens of every sequence of `layer` for an append of `input` elements,
     /// its pipelines built first (an error leaves the lengths as they were).
     fn reserve_append(&mut self, layer: u32, input: InputType, n: u32) -> Result<()> {
-        self.pipes.append(input)?;
+        self.pipes.append(input, n)?;
         self.reserve(layer, n)
     }
 
@@ -221,7 +224,7 @@ impl KvCache {
         layer: u32,
         input: &AppendInput,
     ) -> Result<()> {
-        let pipes = self.pipes.append(input.input)?.clone();
+        let pipes = self.pipes.append(input.input, input.n)?.to_vec();
         let segs = &self.layers[layer as usize];
         pass.set_bind_group(1, &input.bind_group);
         let mut dispatches = 0;
@@ -237,13 +240,13 @@ impl KvCache {
                 dispatches += 1;
             }
         } else {
-            pass.set_pipeline(&pipes[1]);
+            pass.set_pipeline(&pipes[0]);
             for seg in segs {
                 pass.set_bind_group(0, &seg.append_bg);
                 pass.dispatch(&dispatch::APPEND_WIDE, &shape);
                 dispatches += 1;
             }
-            pass.set_pipeline(&pipes[2]);
+            pass.set_pipeline(&pipes[1]);
             pass.dispatch(&dispatch::APPEND_COMMIT, &shape);
             dispatches += 1;
         }

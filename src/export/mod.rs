@@ -33,7 +33,9 @@ pub use plan::{
     Expected, PlanBindGroup, PlanBuffer, PlanCheck, PlanDispatch, PlanModule, PlanPass,
     PlanPipeline, ReplayPlan,
 };
-pub use scenario::{CHUNK_TOKENS, Scenario, StepPath, replay_plan};
+#[cfg(not(target_arch = "wasm32"))]
+pub use scenario::replay_plan;
+pub use scenario::{CHUNK_TOKENS, Scenario, StepPath, replay_plan_async};
 pub use wgsl::{
     BindGroupLayoutDesc, BindingKind, ExportedKernel, LayoutEntry, Target, export_kernels,
     gpu_codecs, kernel_wgsl,

@@ -59,7 +59,7 @@ pub struct PlanDispatch {
     /// [`GridShape::row_tiles`] of the call (1 but for a prefill slice).
     pub row_tiles: u32,
     /// [`GridShape::splits`] of the call: the plan's, but for a chunk slice its own
-    /// ([`crate::CacheSpec::chunk_splits`]; 0 for a dispatch no rule recorded).
+    /// ([`crate::spec::CacheSpec::chunk_splits`]; 0 for a dispatch no rule recorded).
     pub splits: u32,
 }
 
@@ -103,7 +103,7 @@ pub struct PlanCheck {
 /// A WGSL module of a [`ReplayPlan`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanModule {
-    /// [`KernelModule::name`](crate::KernelModule::name).
+    /// [`KernelModule::name`](crate::kernels::KernelModule::name).
     pub name: String,
     /// The WGSL text for the plan's target.
     pub wgsl: String,

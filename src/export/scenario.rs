@@ -102,7 +102,18 @@ fn input_bytes(x: &[f32], t: InputType) -> Vec<u8> {
 /// pipelines, bind groups and dispatches as its recording functions emit them, the initial
 /// buffer contents as read back from that device, and the expected outputs from kvq's CPU
 /// references (codec encode/decode, f64 attention). Nothing is dispatched on `ctx`.
+/// Natively only (it waits for the read-backs); in a browser, [`replay_plan_async`].
+#[cfg(not(target_arch = "wasm32"))]
 pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<ReplayPlan> {
+    pollster::block_on(replay_plan_async(ctx, sc, target))
+}
+
+/// [`replay_plan`] without blocking (for a browser; natively it waits in place).
+pub async fn replay_plan_async(
+    ctx: &GpuContext,
+    sc: &Scenario,
+    target: Target,
+) -> Result<ReplayPlan> {
     let total = check_scenario(sc)?;
     let s = &sc.spec;
     let mut cache = KvCache::new(ctx, s.clone())?;
@@ -141,7 +152,7 @@ pub fn replay_plan(ctx: &GpuContext, sc: &Scenario, target: Target) -> Result<Re
         return Err(e);
     }
     checks.push(lengths_check(&rec, sc, total)?);
-    let buffers = read_buffers(ctx, &rec)?;
+    let buffers = read_buffers(ctx, &rec).await?;
     let limits = limits(&cfg, &rec, &buffers)?;
     Ok(ReplayPlan {
         name: sc.name.clone(),
@@ -485,7 +496,7 @@ fn lengths_check(rec: &PlanRecorder, sc: &Scenario, total: u64) -> Result<PlanCh
 }
 
 /// Every recorded buffer with its initial bytes, read back from `ctx`'s device.
-fn read_buffers(ctx: &GpuContext, rec: &PlanRecorder) -> Result<Vec<PlanBuffer>> {
+async fn read_buffers(ctx: &GpuContext, rec: &PlanRecorder) -> Result<Vec<PlanBuffer>> {
     let mut buffers = Vec::with_capacity(rec.buffers.len());
     for (name, buf) in &rec.buffers {
         if !buf.usage().contains(wgpu::BufferUsages::COPY_SRC) {
@@ -493,7 +504,7 @@ fn read_buffers(ctx: &GpuContext, rec: &PlanRecorder) -> Result<Vec<PlanBuffer>>
                 "replay plan: buffer '{name}' lacks COPY_SRC, its initial bytes cannot be read"
             )));
         }
-        let bytes = ctx.read_back(buf, 0, buf.size())?;
+        let bytes = ctx.read_back_async(buf, 0, buf.size()).await?;
         let zero = bytes.iter().all(|&x| x == 0);
         buffers.push(PlanBuffer {
             name: name.clone(),

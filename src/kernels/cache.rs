@@ -39,11 +39,12 @@ impl Compile {
     /// wgpu's loop bounding (a hidden iteration counter on every loop, a guard against shaders
     /// that never end) is left out: every kvq loop counts by a fixed step to a bound derived
     /// from the cache's shape or from lengths the kernels keep within capacity, and the
-    /// counters cost the decode step 7-28 % (BENCHMARKS.md, "wgpu's shader runtime checks").
+    /// counters cost the decode step much of its time (BENCHMARKS.md, "wgpu's shader runtime
+    /// checks").
     ///
     /// wgpu's index clamping (every array index clamped into range in the shader) is left out
     /// where [`Compile::clamps`] is off: a rotated V codec's kernels, where a clamp on each
-    /// level-table lookup cost 7-10 % of the step, while for the other codecs leaving them out
+    /// level-table lookup cost the step time, while for the other codecs leaving them out
     /// measured nothing or a loss. Every index of every kernel is in range by construction (the
     /// audits in BENCHMARKS.md, "wgpu's shader runtime checks": codes are masked to their
     /// table's size, row and word indices stay within the row, the buffer or the workgroup
@@ -65,7 +66,7 @@ impl Compile {
     /// with poisoned workgroup memory). The zeroing runs before a workgroup's first barrier:
     /// naga's version is one invocation storing every array (690 stores in the `none` split
     /// kernel, 1557 in `turbo3_sym`'s), for drivers without native zeroing; where the driver
-    /// zeroes natively, leaving it out measured within ±2 % (BENCHMARKS.md, "wgpu's shader
+    /// zeroes natively, leaving it out measured the same (BENCHMARKS.md, "wgpu's shader
     /// runtime checks").
     fn zero_init(self) -> bool {
         self.all_checks
@@ -153,10 +154,10 @@ impl Layouts {
             step_store,
             step_io,
         };
-        match pollster::block_on(scope.pop()) {
-            Some(e) => Err(KvqError::Gpu(format!("creating kvq's layouts failed: {e}"))),
-            None => Ok(layouts),
-        }
+        crate::wait::check_scope(device, scope, |e| {
+            KvqError::Gpu(format!("creating kvq's layouts failed: {e}"))
+        })?;
+        Ok(layouts)
     }
 
     /// The pipeline layout of `module`'s kernels.
@@ -257,12 +258,10 @@ impl KernelCache {
                     },
                     cache: None,
                 });
-                if let Some(e) = pollster::block_on(scope.pop()) {
-                    return Err(KvqError::Gpu(format!(
-                        "building kvq's {label} kernel {} failed: {e}",
-                        dispatch.entry
-                    )));
-                }
+                let (label, entry) = (label.clone(), dispatch.entry);
+                crate::wait::check_scope(device, scope, move |e| {
+                    KvqError::Gpu(format!("building kvq's {label} kernel {entry} failed: {e}"))
+                })?;
                 self.pipelines.fetch_add(1, Ordering::Relaxed);
                 Ok(pipeline)
             })
@@ -291,10 +290,9 @@ fn shader_module(
     // SAFETY: wgpu's contract for the checks left out (see `Compile::checks`): every loop
     // terminates, and no index leaves its array or buffer.
     let module = unsafe { device.create_shader_module_trusted(desc, compile.checks()) };
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(KvqError::Gpu(format!(
-            "building kvq's {label} kernels failed: {e}"
-        )));
-    }
+    let label = label.to_string();
+    crate::wait::check_scope(device, scope, move |e| {
+        KvqError::Gpu(format!("building kvq's {label} kernels failed: {e}"))
+    })?;
     Ok(module)
 }

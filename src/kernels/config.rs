@@ -57,6 +57,10 @@ pub struct KernelConfig {
     pub v: Codec,
     /// Tokens kept exact beside their codes (see [`crate::ExactTokens`]).
     pub exact: crate::spec::ExactTokens,
+    /// The shape numbers baked into the kernels' text rather than read from uniforms, by
+    /// their WGSL names ([`crate::tuning::DeviceTuning::baked_shape`]: a cache takes its
+    /// adapter's).
+    pub baked_shape: &'static [&'static str],
     /// The products' arithmetic ([`crate::Precision`]). A cache's is resolved for its codecs
     /// and adapter: `Exact` or `Fast`, `Fast` only where the adapter has `shader-f16`. One
     /// built by hand may say `Auto`, which these kernels resolve as a cache does
@@ -105,6 +109,7 @@ impl KernelConfig {
                 "kernel config: kv_heads, batch, capacity, layers, splits, max_splits and segments must be at least 1".into(),
             ));
         }
+        self.check_baked_shape()?;
         Ok(())
     }
 
@@ -307,11 +312,10 @@ impl KernelConfig {
 
     /// Whether the rotated K reader looks its codes up two at a time (`K_PAIRS`, the level-pair
     /// table `lp_k` in wgsl/codecs/read_k_rot.wgsl): for codes of at most 3 bits (a table of at most
-    /// 512 bytes) beside a V that is not rotated. H200, qwen3-8b (BENCHMARKS.md, "Kernel choices, measured"):
-    /// 3-bit K-only codecs 2.5-4 % faster at 32k, 2-bit 6.5 %, the QJL K 3-6 %; 4-bit codes'
-    /// 2 KiB table took the split kernel past 12 KiB of workgroup memory (33-43 % slower, the
-    /// 12 KiB cliff), and beside a rotated V the 3-bit K+V kernels got 3-5 % slower at
-    /// 32k.
+    /// 512 bytes) beside a V that is not rotated: there it made the K-only kernels faster;
+    /// 4-bit codes' 2 KiB table takes the split kernel past the 12 KiB workgroup-memory cliff,
+    /// and beside a rotated V the K+V kernels got slower (BENCHMARKS.md, "Kernel choices,
+    /// measured").
     fn k_pairs(&self) -> bool {
         self.k.kind.is_rotated() && self.k.bits <= 3 && !self.v.kind.is_rotated()
     }
@@ -343,11 +347,10 @@ impl KernelConfig {
 
     /// V rows a decode thread loads together in a full tile (`$x` lines, `VBF`): 16 (64
     /// values) for an f16 or q8 V beside a K without QJL, else [`Self::v_batch`] (no separate
-    /// full-tile loop). On an H200 (qwen3-8b, 32k) twice the rows in flight took `none`,
-    /// `k_q8`, `q8_sym` and the turbo and iso K-only codecs 4-11 % faster, but the rotor K+V
-    /// codecs 3-6 %, `q4_sym` 2 % and the QJL K 11 % slower (BENCHMARKS.md, "Kernel choices, measured"). A
-    /// partial tile (short contexts, whose splits hold less than a tile) keeps the smaller
-    /// batch, which measured better there.
+    /// full-tile loop): twice the rows in flight made those V readers faster at long contexts,
+    /// and the other codecs slower (BENCHMARKS.md, "Kernel choices, measured"). A partial tile
+    /// (short contexts, whose splits hold less than a tile) keeps the smaller batch, which
+    /// measured better there.
     fn v_batch_full(&self) -> u32 {
         let f16_or_q8 = match self.v.kind {
             CodecKind::None => true,
@@ -437,12 +440,12 @@ impl KernelConfig {
     /// Whether K's encoder also encodes V (`KV_JOINT`): both sides the same rotated codec
     /// (the same rotation, levels and layout; the constants come from one seed) and no QJL.
     /// A token's two rows then share one chain of barriers instead of one each: in the fused
-    /// step that chain is split 0's, on the step's critical path at short contexts (H200,
-    /// qwen3-8b: rotated K+V codecs 2-3 % faster at 4k and 9-11 % at 1k, BENCHMARKS.md, "Kernel choices, measured"). Where a
-    /// row is wider than 128 codes (D > 128, or rotor's 129 at D = 128) that takes a second
-    /// encoder row of workgroup memory, added only while the split kernel stays within 12 KiB:
-    /// past about 12 KB the split kernels ran 25-30 % slower (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"), and larger shapes
-    /// must still fit the 32 KiB of workgroup memory kvq asks for.
+    /// step that chain is split 0's, on the step's critical path at short contexts (BENCHMARKS.md,
+    /// "Kernel choices, measured"). Where a row is wider than 128 codes (D > 128, or rotor's
+    /// 129 at D = 128) that takes a second encoder row of workgroup memory, added only while
+    /// the split kernel stays within 12 KiB, past which the split kernels ran much slower
+    /// (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"); larger shapes must still fit the
+    /// 32 KiB of workgroup memory kvq asks for.
     fn kv_joint(&self) -> bool {
         let same = self.k.kind.is_rotated() && self.k == self.v && !self.k.qjl;
         // The cliff is in what the GPU allocates: the exact sum. (A module that fails to
@@ -489,7 +492,7 @@ pub fn gpu_supported(codec: Codec) -> bool {
 }
 
 /// f16 K chunks (16 bytes each) one thread loads together before using them (`$u` lines):
-/// 8 (half a D = 128 row; 4 measured 1 % slower on an H200, BENCHMARKS.md, "Kernel choices, measured") where
+/// 8 (half a D = 128 row; 4 measured slower, BENCHMARKS.md, "Kernel choices, measured") where
 /// that divides the row's D / 8 chunks, else 4 (D is a multiple of 32).
 pub(crate) fn k_unroll(head_dim: u32) -> u32 {
     let chunks = head_dim / 8;
@@ -503,9 +506,8 @@ pub(crate) fn k_unroll(head_dim: u32) -> u32 {
 /// Query rows a chunk's split workgroup serves at most ([`KernelConfig::chunk_queries`]).
 /// Every row keeps its output accumulators in registers and reads its query from workgroup
 /// memory once per key, so the rows trade fewer store reads against registers and shared
-/// loads. H200, qwen3-8b (GQA 4), chunks of 4 and 8 over 4k and 32k (BENCHMARKS.md, "Chunks"):
-/// 8 rows (2 tokens a workgroup) ran 3-25 % faster than 4 (one token) and 4-60 % faster than
-/// 16.
+/// loads: 8 rows (2 tokens a workgroup at GQA 4) ran faster than 4 or 16 (BENCHMARKS.md,
+/// "Chunks").
 pub(crate) const CHUNK_ROWS: u32 = 8;
 
 /// Loads a thread issues together before using them in the QJL projection (`$v` lines of
@@ -541,6 +543,7 @@ pub(super) mod tests {
             k: c.k,
             v: c.v,
             exact: Default::default(),
+            baked_shape: &[],
             precision: crate::spec::Precision::Exact,
         }
     }
@@ -650,7 +653,7 @@ pub(super) mod tests {
             );
         }
         // At the shape it was measured on (qwen3-8b: GQA 4, D 128, 128 invocations), the table
-        // keeps every split kernel it is added to under the 12 KiB past which they ran 29-43 %
+        // keeps every split kernel it is added to under the 12 KiB past which they ran much
         // slower (BENCHMARKS.md, "The 12 KiB workgroup-memory cliff"). The QJL kernel was past it before the table.
         for codecs in [
             "k_turbo2",

@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::cache::{Compile, KernelCache, Layouts};
+use crate::dispatch::SMALL_APPEND_MAX_TOKENS;
 use crate::error::Result;
 use crate::kernels::config::KernelConfig;
 use crate::kernels::module::{InputType, KernelModule, LayoutTable};
@@ -25,16 +26,20 @@ pub(crate) type Described<'a> = (
 pub(crate) struct Pipelines {
     source: Source,
     layouts: Arc<Layouts>,
-    /// [F32, F16] x (small, wide, commit).
-    append: [OnceLock<Result<[wgpu::ComputePipeline; 3]>>; 2],
+    /// [F32, F16] x (small).
+    append_small: [OnceLock<Result<[wgpu::ComputePipeline; 1]>>; 2],
+    /// [F32, F16] x (wide, commit).
+    append_wide: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
     /// (split, reduce).
     attend: [wgpu::ComputePipeline; 2],
     /// [F32, F16] x (split, reduce) of the fused step.
     step: [OnceLock<Result<[wgpu::ComputePipeline; 2]>>; 2],
     /// (split, reduce) of chunks.
     chunk: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
-    /// (prefill_q, prefill) of long chunk slices, from the chunk module.
-    prefill: OnceLock<Result<[wgpu::ComputePipeline; 2]>>,
+    /// (prefill_q) of long chunk slices with a rotated K, from the chunk module.
+    prefill_q: OnceLock<Result<[wgpu::ComputePipeline; 1]>>,
+    /// (prefill) of long chunk slices, from the chunk module.
+    prefill: OnceLock<Result<[wgpu::ComputePipeline; 1]>>,
 }
 
 /// Where a cache's pipelines come from: its configuration, compiled as its context says, in
@@ -92,9 +97,11 @@ impl Pipelines {
             layouts: source.kernels.layouts(&source.device)?,
             attend: source.lookup(KernelModule::Decode, [0, 1])?,
             source,
-            append: Default::default(),
+            append_small: Default::default(),
+            append_wide: Default::default(),
             step: Default::default(),
             chunk: Default::default(),
+            prefill_q: Default::default(),
             prefill: Default::default(),
         })
     }
@@ -109,13 +116,22 @@ impl Pipelines {
     pub(crate) fn describe(&self) -> Result<Vec<Described<'_>>> {
         let mut groups: Vec<(&[wgpu::ComputePipeline], KernelModule, usize)> = Vec::new();
         for t in [InputType::F32, InputType::F16] {
-            groups.push((self.append(t)?, KernelModule::Append(t), 0));
+            let m = KernelModule::Append(t);
+            groups.push((self.append(t, 1)?, m, 0));
+            groups.push((self.append(t, SMALL_APPEND_MAX_TOKENS + 1)?, m, 1));
             groups.push((self.step(t)?, KernelModule::Step(t), 0));
         }
         groups.push((&self.attend, KernelModule::Decode, 0));
         groups.push((self.chunk()?, KernelModule::Chunk, 0));
         if self.source.cfg.prefill_rows().is_some() {
-            groups.push((self.prefill()?, KernelModule::Chunk, 2));
+            if let Some(q) = self.prefill_rotate()? {
+                groups.push((std::slice::from_ref(q), KernelModule::Chunk, 2));
+            }
+            groups.push((
+                std::slice::from_ref(self.prefill()?),
+                KernelModule::Chunk,
+                3,
+            ));
         }
         let mut v = Vec::new();
         for (pipes, m, skip) in groups {
@@ -126,12 +142,19 @@ impl Pipelines {
         Ok(v)
     }
 
-    /// The append pipelines for `input` (looked up on the first call).
-    pub fn append(&self, input: InputType) -> Result<&[wgpu::ComputePipeline; 3]> {
-        self.append[input as usize]
-            .get_or_init(|| self.source.lookup(KernelModule::Append(input), [0, 1, 2]))
-            .as_ref()
-            .map_err(Clone::clone)
+    /// The append pipelines an append of `n` tokens per sequence of `input` runs (looked up
+    /// on the first call): `append_small` alone for at most [`SMALL_APPEND_MAX_TOKENS`],
+    /// else `append_wide` then `append_commit`. (Each only where it runs: on a CPU driver a
+    /// pipeline's compile is seconds.)
+    pub fn append(&self, input: InputType, n: u32) -> Result<&[wgpu::ComputePipeline]> {
+        let m = KernelModule::Append(input);
+        let i = input as usize;
+        if n <= SMALL_APPEND_MAX_TOKENS {
+            let p = self.append_small[i].get_or_init(|| self.source.lookup(m, [0]));
+            return p.as_ref().map(|p| p.as_slice()).map_err(Clone::clone);
+        }
+        let p = self.append_wide[i].get_or_init(|| self.source.lookup(m, [1, 2]));
+        p.as_ref().map(|p| p.as_slice()).map_err(Clone::clone)
     }
 
     /// The attend pipelines (split, reduce).
@@ -155,13 +178,26 @@ impl Pipelines {
             .map_err(Clone::clone)
     }
 
-    /// The prefill pipelines (prefill_q, prefill; looked up on the first call), for a cache
-    /// the prefill kernel serves ([`KernelConfig::prefill_rows`]); they share the chunk
-    /// module.
-    pub fn prefill(&self) -> Result<&[wgpu::ComputePipeline; 2]> {
+    /// The prefill pipeline (looked up on the first call), for a cache the prefill kernel
+    /// serves ([`KernelConfig::prefill_rows`]); it shares the chunk module.
+    pub fn prefill(&self) -> Result<&wgpu::ComputePipeline> {
         self.prefill
-            .get_or_init(|| self.source.lookup(KernelModule::Chunk, [2, 3]))
+            .get_or_init(|| self.source.lookup(KernelModule::Chunk, [3]))
             .as_ref()
+            .map(|[p]| p)
+            .map_err(Clone::clone)
+    }
+
+    /// The pipeline that rotates a prefill slice's queries first (`prefill_q`), for a rotated
+    /// K only (looked up on the first call); None for another K.
+    pub fn prefill_rotate(&self) -> Result<Option<&wgpu::ComputePipeline>> {
+        if !self.source.cfg.k.kind.is_rotated() {
+            return Ok(None);
+        }
+        self.prefill_q
+            .get_or_init(|| self.source.lookup(KernelModule::Chunk, [2]))
+            .as_ref()
+            .map(|[p]| Some(p))
             .map_err(Clone::clone)
     }
 }

@@ -66,29 +66,44 @@ const READS: [(&str, &str); 14] = [
     ("SCALE", "seg.scale"),
 ];
 
-/// Shape numbers baked into the text as constants instead: none. Each one's move to the
-/// params was measured on the GPU against the kernels with it baked (BENCHMARKS.md, "One
-/// compile per kernel"); a number whose move cost more than 2 % anywhere would be listed
-/// here.
-const BAKED: &[&str] = &[];
+/// Whether every name of `names` is a shape number's (the tuning table's lists are checked
+/// against this).
+pub(crate) fn known(names: &[&str]) -> bool {
+    names.iter().all(|n| READS.iter().any(|(r, _)| r == n))
+}
 
-/// The names to bake: [`BAKED`], or for a measurement the comma-separated names in the
-/// environment variable `KVQ_BAKE` (`all` for every one), read once per process. Either way
-/// the kernels compute the same results: the tests run both.
-fn baked() -> &'static [String] {
-    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    NAMES.get_or_init(|| match std::env::var("KVQ_BAKE") {
-        Ok(v) if v.trim() == "all" => READS.iter().map(|(n, _)| n.to_string()).collect(),
-        Ok(v) => v
-            .split(',')
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect(),
-        Err(_) => BAKED.iter().map(|n| n.to_string()).collect(),
-    })
+/// For a measurement, the names to bake instead of a configuration's own
+/// ([`KernelConfig::baked_shape`]): the comma-separated names in the environment variable
+/// `KVQ_BAKE` (`all` for every one; set but empty for none), read once per process. Either
+/// way the kernels compute the same results.
+fn bake_override() -> Option<&'static [String]> {
+    static NAMES: std::sync::OnceLock<Option<Vec<String>>> = std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| match std::env::var("KVQ_BAKE") {
+            Ok(v) if v.trim() == "all" => Some(READS.iter().map(|(n, _)| n.to_string()).collect()),
+            Ok(v) => Some(
+                v.split(',')
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+            ),
+            Err(_) => None,
+        })
+        .as_deref()
 }
 
 impl KernelConfig {
+    /// That [`KernelConfig::baked_shape`] names shape numbers only.
+    pub(super) fn check_baked_shape(&self) -> crate::error::Result<()> {
+        if known(self.baked_shape) {
+            return Ok(());
+        }
+        Err(crate::error::KvqError::InvalidSpec(format!(
+            "kernel config: baked_shape {:?} names a number that is no shape number",
+            self.baked_shape
+        )))
+    }
+
     /// The shape numbers of this configuration, as every segment's params hold them.
     pub(crate) fn shape_params(&self) -> ShapeParams {
         let constants = 2 * self.layers * self.batch;
@@ -110,8 +125,8 @@ impl KernelConfig {
         }
     }
 
-    /// Adds the shape numbers to `h`: each read from the params at run time, or, where
-    /// [`baked`], its value as a constant.
+    /// Adds the shape numbers to `h`: each read from the params at run time, or, where baked
+    /// ([`KernelConfig::baked_shape`], or `KVQ_BAKE`), its value as a constant.
     pub(super) fn shape_defines(&self, h: &mut Defines) {
         let p = self.shape_params();
         let values = [
@@ -130,9 +145,12 @@ impl KernelConfig {
             Value::U32(p.k_means),
             Value::F32(p.scale),
         ];
-        let baked = baked();
+        let baked = |name: &str| match bake_override() {
+            Some(names) => names.iter().any(|b| b == name),
+            None => self.baked_shape.contains(&name),
+        };
         for ((name, read), value) in READS.into_iter().zip(values) {
-            if baked.iter().any(|b| b == name) {
+            if baked(name) {
                 h.constant(name, value);
             } else {
                 h.constant(name, Value::Uniform(read));
@@ -144,8 +162,8 @@ impl KernelConfig {
 #[cfg(test)]
 mod tests {
     use super::READS;
-    use crate::kernels::KernelModule;
     use crate::kernels::config::tests::cfg;
+    use crate::kernels::{KernelConfig, KernelModule};
 
     #[test]
     fn caches_of_other_sizes_assemble_the_same_text() {
@@ -163,7 +181,8 @@ mod tests {
             b.scale = 0.3;
             for m in KernelModule::all() {
                 let (x, y) = (a.module_source(m).unwrap(), b.module_source(m).unwrap());
-                assert!(x == y, "{codecs} {m:?}");
+                // (Unless KVQ_BAKE, a measurement aid, bakes some of them back.)
+                assert!(x == y || super::bake_override().is_some(), "{codecs} {m:?}");
                 // No shape number is left as a name the WGSL would not know.
                 for (name, _) in READS {
                     let word = |l: &str| {
@@ -171,7 +190,8 @@ mod tests {
                             .any(|w| w == name)
                     };
                     let code = x.lines().map(|l| l.split("//").next().unwrap_or(""));
-                    assert!(!code.clone().any(word), "{codecs} {m:?}: {name}");
+                    let baked = super::bake_override().is_some();
+                    assert!(baked || !code.clone().any(word), "{codecs} {m:?}: {name}");
                 }
             }
         }
@@ -191,5 +211,31 @@ mod tests {
                 .unwrap();
             assert!(common.contains(&format!("    {field}: ")), "{field}");
         }
+    }
+
+    #[test]
+    fn baked_numbers_are_constants_and_the_tunings_name_only_shape_numbers() {
+        for t in crate::tuning::MEASURED
+            .iter()
+            .chain([&crate::tuning::UNMEASURED])
+        {
+            assert!(super::known(t.baked_shape), "{}", t.name);
+        }
+        if super::bake_override().is_some() {
+            return;
+        }
+        // Baked on NVIDIA: the numbers are constants in the text (caches of other sizes
+        // assemble other texts), and the rest are still read from the params.
+        let a = KernelConfig {
+            baked_shape: crate::tuning::BAKED_ON_NVIDIA,
+            ..cfg("q4_sym", 128)
+        };
+        let b = KernelConfig {
+            capacity: 999,
+            ..a.clone()
+        };
+        let src = a.module_source(KernelModule::Decode).unwrap();
+        assert!(src.contains("const CAP: u32 = 256u;") && src.contains("seg.scale"));
+        assert_ne!(src, b.module_source(KernelModule::Decode).unwrap());
     }
 }

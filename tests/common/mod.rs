@@ -243,3 +243,38 @@ pub fn reference_over_rows(
         kvq::reference::attention(&qb, &k, &v, qh, kvh, d, scale)
     }
 }
+
+/// spirv-val's verdict on `words` for Vulkan `env` (`vulkan1.1`, ...): whether it accepts them,
+/// and what it said. None where spirv-val cannot run, which `KVQ_REQUIRE_SPIRV_VAL=1` (CI)
+/// makes a failure instead.
+pub fn spirv_val(words: &[u32], env: &str, name: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let required = std::env::var("KVQ_REQUIRE_SPIRV_VAL").is_ok_and(|v| v == "1");
+    let child = Command::new("spirv-val")
+        .args(["--target-env", env, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                !required,
+                "spirv-val is required (KVQ_REQUIRE_SPIRV_VAL=1) but could not run: {e}"
+            );
+            eprintln!("spirv-val not found; SPIR-V of {name} not checked by it");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(bytemuck::cast_slice(words))
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    Some((out.status.success(), said.into_owned()))
+}

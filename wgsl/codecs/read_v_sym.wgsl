@@ -5,9 +5,10 @@ fn v_load_sym(row: u32, c: u32) -> vec4<f32> {
     let sw = unpack2x16float(v_store[v_word(row, V_SIDE_WORD + j / 2u)]);
     let d = select(sw.x, sw.y, j % 2u == 1u);
     // The 4 codes: q8's 4 bytes of a word, or q4's 4 nibbles of half a word spread into bytes
-    // (even nibbles in e, odd in o), so that each converts with one I2F.U8 on NVIDIA (a mask,
-    // a conversion, a subtraction and a product a nibble before: q4_sym 32k -7 % on the H200;
-    // codes_less's logic instead of I2F.U8 made the q8 loops slower: BENCHMARKS.md, "Kernel choices, measured").
+    // (even nibbles in e, odd in o), so that a GPU that converts a byte of a word in one
+    // instruction does (a mask, a conversion, a subtraction and a product a nibble before
+    // measured slower; codes_less's logic instead made the q8 loops slower: BENCHMARKS.md,
+    // "Kernel choices, measured").
     var q: vec4<u32>;
     if V_BITS == 8u {
         q = unpack4xU8(v_store[v_word(row, c)]);

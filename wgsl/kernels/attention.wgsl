@@ -125,8 +125,8 @@ const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
 // A rotated K's query tasks of this invocation (lid + r WG), loaded and rotated at kernel
 // start (their loads beside the length's and the tables') and kept in registers until
 // rotate_query writes them to rot_sh, once split 0 has encoded its new rows there. Loading
-// iso's and rotor's coefficients in a rotation pass after the barrier cost about 2 us a layer
-// on an H200 (BENCHMARKS.md, "Kernel choices, measured").
+// iso's and rotor's coefficients in a rotation pass after the barrier cost a round trip to
+// memory a layer (BENCHMARKS.md, "Kernel choices, measured").
 var<private> qv$r: vec4<f32>;
 
 // Query heads from the first row's to row i's: row i is new token i / G of the workgroup's,
@@ -195,8 +195,8 @@ fn rotate_query(lid: u32, b: u32, h: u32) {
         for (var j = lid; j < D; j += WG) {
             var acc$g = 0.0;
             // The query is read a vec4 at a time (D is a multiple of 32): read a value at a
-            // time, one workgroup-memory read per multiply-add, it made QJL's 4k step 11 %
-            // slower on an H200 (BENCHMARKS.md, "Kernel choices, measured"; 8 loads of S in flight a round
+            // time, one workgroup-memory read per multiply-add, it made QJL's step slower
+            // (BENCHMARKS.md, "Kernel choices, measured"; 8 loads of S in flight a round
             // instead of these 32 ran as fast).
             for (var k = 0u; k < D; k += 4u * VU) {
                 let s$v = vec4<f32>(cst(QJL_S + (k + 4u * $vu) * D + j), cst(QJL_S + (k + 4u * $vu + 1u) * D + j), cst(QJL_S + (k + 4u * $vu + 2u) * D + j), cst(QJL_S + (k + 4u * $vu + 3u) * D + j));
@@ -453,7 +453,7 @@ fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
 // first + CQ z .. first + CQ z + CQ - 1, and query i attends the positions up to its own, the
 // last nq - 1 - i stored ones not.
 // (Only the chunk module reads nq: the decode and step kernels keep their single-query
-// arithmetic, which measured 2-3.5 % faster at 4k on an H200.)
+// arithmetic, which measured faster at short contexts.)
 @compute @workgroup_size(WG)
 fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let s = wid.y;
@@ -597,8 +597,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     var m$g = NEG;
     // The softmax sum of this invocation's own tokens (one per tile, the one it scores): kept
     // by the token's owner, once, rather than by every V column's invocation once per token
-    // (4 of the V loop's 37 instructions a token, H200 SASS); summed over the workgroup at
-    // the end.
+    // (4 of the V loop's 37 instructions a token); summed over the workgroup at the end.
     var l$g = 0.0;
     var acc$g = vec4<f32>(0.0);
     var acc2$g = vec4<f32>(0.0);
@@ -740,10 +739,9 @@ fn rx_add(i: u32) -> f32 {
 // head into out[b, first + z, qh, :].
 // Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
 // issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
-// is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs
-// (about 2.5 us of an H200 layer, measured against a reduce that returns at once); loading
-// the output vectors beside the (max, sum) pairs, not after them, and the old length at the
-// start, not the end, took 0.3-0.5 us a layer off it (BENCHMARKS.md, "Kernel choices, measured").
+// is one round trip to memory, and the lanes then merge in a tree. Its latency is what costs;
+// loading the output vectors beside the (max, sum) pairs, not after them, and the old length
+// at the start, not the end, shortened it (BENCHMARKS.md, "Kernel choices, measured").
 @compute @workgroup_size(RED_WG)
 fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     // V's diagonal for the un-rotation, published by the barriers below.

@@ -6,10 +6,10 @@ const NEG: f32 = -3.0e38;
 
 // Codes as exact f32 integers less an offset, without a conversion instruction: a code c < 2^23
 // OR-ed into the mantissa of 2^23 is the float 2^23 + c, and subtracting 2^23 + off is exact.
-// Used by q4's K reader: two LOP3s (mask, exponent) and the FADD a code, against a mask, an
-// I2FP and the FADD, measured 3 % faster for K-only q4 on the H200. Not for bytes: NVIDIA
-// converts a byte of a word with one I2F.U8, and this made the q8 loops slower
-// (BENCHMARKS.md, "Kernel choices, measured").
+// Used by q4's K reader: two logic operations (mask, exponent) and the subtraction a code,
+// against a mask, a conversion and the subtraction, measured faster for K-only q4. Not for
+// bytes: a GPU may convert a byte of a word with one instruction, and this made the q8 loops
+// slower (BENCHMARKS.md, "Kernel choices, measured").
 fn codes_less(c: vec4<u32>, off: f32) -> vec4<f32> {
     return bitcast<vec4<f32>>(c | vec4<u32>(0x4b000000u)) - (8388608.0 + off);
 }
@@ -123,8 +123,8 @@ fn f16_round(x: f32) -> f32 {
 }
 
 // acc + dot(a, b) as one chain of fused multiply-adds: dot() compiles to a multiply and three
-// multiply-adds, and adding its result to a sum takes one more instruction (H200 SASS: the K
-// phase spent 640 instructions a token on 512 products, 512 this way).
+// multiply-adds, and adding its result to a sum takes one more instruction (in the K phase,
+// 640 instructions a token on 512 products, 512 this way).
 fn fma4(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
 }

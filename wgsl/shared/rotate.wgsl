@@ -95,7 +95,7 @@ fn fwht(rows: u32, lid: u32, nt: u32) {
         let h = 1u << lh;
         // Pair q of stage 2^lh is (i, i + 2^lh), i being q with its bits from lh up moved up
         // one: shifts, since the compiler does not unroll this loop (q / h, h being the
-        // loop's value, compiled to a full integer division, 47 instructions: H200 SASS).
+        // loop's value, compiled to a full integer division of dozens of instructions).
         for (var p = lid; p < rows * (D / 2u); p += nt) {
             let q = p % (D / 2u);
             let i = ((q >> lh) << (lh + 1u)) | (q & (h - 1u));
