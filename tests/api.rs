@@ -689,3 +689,119 @@ fn async_host_forms_match_the_blocking_ones() {
         Err(KvqError::WrongLength { .. })
     ));
 }
+
+/// A caller's kernel reads the cache's lengths on the GPU (`KvCache::lengths_binding`), in the
+/// same pass as kvq's steps: before a layer's step it sees that layer's length before the
+/// step (the new token's position), after it the length after.
+#[test]
+fn a_callers_kernel_reads_the_lengths_on_the_gpu() {
+    let gpu = ctx();
+    let (layers, batch) = (3u32, 2u32);
+    let spec = CacheSpec::new(layers, 4, 2, 64, 32).with_batch(batch);
+    let mut cache = KvCache::new(gpu, spec).unwrap();
+    let mut rng = Rng::new(7);
+    let n = (layers * batch) as usize;
+    // Layer l holds 3 + l tokens per sequence before the steps.
+    for l in 0..layers {
+        let len = (3 + l) as usize;
+        let k = rng.normals(batch as usize * len * 2 * 64, 1.0);
+        let v = rng.normals(batch as usize * len * 2 * 64, 1.0);
+        cache.append_host(l, &k, &v).unwrap();
+    }
+    let src = "
+        @group(0) @binding(0) var<storage, read> lens: array<u32>;
+        @group(0) @binding(1) var<storage, read_write> out: array<u32>;
+        @group(0) @binding(2) var<uniform> at: vec4<u32>;
+        @compute @workgroup_size(1)
+        fn main() {
+            for (var i = 0u; i < arrayLength(&lens); i++) {
+                out[at.x + i] = lens[i];
+            }
+        }";
+    let d = &gpu.device;
+    let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: None,
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let pipe = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: None,
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    use wgpu::BufferUsages as U;
+    let out = buffer(2 * n as u64 * 4, U::STORAGE | U::COPY_SRC);
+    let uniforms: Vec<wgpu::Buffer> = [0u32, n as u32]
+        .iter()
+        .map(|&at| {
+            let b = buffer(16, U::UNIFORM | U::COPY_DST);
+            gpu.queue
+                .write_buffer(&b, 0, bytemuck::cast_slice(&[at, 0, 0, 0]));
+            b
+        })
+        .collect();
+    let groups: Vec<wgpu::BindGroup> = uniforms
+        .iter()
+        .map(|u| {
+            d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipe.get_bind_group_layout(0),
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(cache.lengths_binding()),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: out.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: u.as_entire_binding(),
+                    },
+                ],
+            })
+        })
+        .collect();
+    let rows = |bytes: u64| buffer(bytes, U::STORAGE | U::COPY_DST);
+    let (k, v) = (
+        rows(batch as u64 * 2 * 64 * 4),
+        rows(batch as u64 * 2 * 64 * 4),
+    );
+    let (q, o) = (
+        rows(batch as u64 * 4 * 64 * 4),
+        rows(batch as u64 * 4 * 64 * 4),
+    );
+    let step = cache.step_io(&k, &v, 1, InputType::F32, &q, &o).unwrap();
+    let mut enc = d.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        // Before every step, then after layer 1's only.
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &groups[0], &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+        cache.step_in_pass(&mut pass, 1, &step).unwrap();
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &groups[1], &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    gpu.queue.submit([enc.finish()]);
+    let got: Vec<u32> = common::read_f32(gpu, &out, 2 * n)
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    let before: Vec<u32> = (0..n as u32).map(|i| 3 + i / batch).collect();
+    let mut after = before.clone();
+    after[batch as usize..2 * batch as usize]
+        .iter_mut()
+        .for_each(|l| *l += 1);
+    assert_eq!(&got[..n], &before[..], "lengths before the step");
+    assert_eq!(&got[n..], &after[..], "lengths after layer 1's step");
+    for l in 0..layers {
+        for s in 0..batch {
+            assert_eq!(got[n + (l * batch + s) as usize], cache.len(l, s).unwrap());
+        }
+    }
+}

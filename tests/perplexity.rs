@@ -7,12 +7,28 @@
 #[allow(dead_code)]
 #[path = "../examples/perplexity/attention.rs"]
 mod attention;
+// The harness's GPU forward (the chat example's engine).
+#[allow(dead_code)]
+#[path = "../examples/chat/engine.rs"]
+mod engine;
+#[allow(dead_code)]
+#[path = "../examples/chat/error.rs"]
+mod error;
+#[allow(dead_code)]
+#[path = "../examples/chat/gguf.rs"]
+mod gguf;
 #[allow(dead_code)]
 #[path = "../examples/perplexity/harness.rs"]
 mod harness;
 #[allow(dead_code)]
+#[path = "../examples/chat/kernels.rs"]
+mod kernels;
+#[allow(dead_code)]
 #[path = "../examples/perplexity/levers.rs"]
 mod levers;
+#[allow(dead_code)]
+#[path = "../examples/chat/llama.rs"]
+mod llama;
 #[allow(dead_code)]
 #[path = "../examples/perplexity/metrics.rs"]
 mod metrics;
@@ -22,6 +38,9 @@ mod model;
 #[allow(dead_code)]
 #[path = "../examples/perplexity/tokenize.rs"]
 mod tokenize;
+#[allow(dead_code)]
+#[path = "../examples/chat/weights.rs"]
+mod weights;
 
 use std::path::Path;
 

@@ -4,9 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use kvq::{ExactTokens, GpuContext, KvCodecs};
 
 use crate::attention::{Exact, Kvq, exact, rel_err};
+use crate::engine::{Engine, Options};
 use crate::levers::{Levers, Sim};
 use crate::metrics::log_probs;
 use crate::model::{Attention, Config, LayerQkv, Model};
@@ -16,6 +19,10 @@ use crate::tokenize::{encode, tokenizer};
 pub const DEFAULT_MODEL: &str = ".models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The text: the GPL-3, which every Debian machine carries (package `base-files`).
 pub const DEFAULT_TEXT: &str = "/usr/share/common-licenses/GPL-3";
+
+/// Tokens per chunk of a GPU forward (its logits buffer: chunk x vocabulary f32, 50 MB for
+/// SmolLM2, within lavapipe's 128 MiB binding).
+pub const GPU_CHUNK: u32 = 256;
 
 /// A cache configuration to run.
 #[derive(Clone, Copy, Debug)]
@@ -46,12 +53,22 @@ impl Cache {
     }
 }
 
+/// Where the model's forward runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forward {
+    /// On the CPU (candle, f32), kvq attending each layer's tokens on the GPU.
+    Cpu,
+    /// Wholly on the GPU (the `chat` example's engine): the kvq rows only; `exact` and lever
+    /// rows stay on the CPU.
+    Gpu,
+}
+
 /// One forward's outputs.
 pub struct Run {
     /// Log-probabilities `[tokens, vocab]`.
     pub log_probs: Vec<f32>,
     /// Per-layer relative error of the attention output against the f64 reference on the
-    /// same layer's inputs.
+    /// same layer's inputs (empty for a GPU forward, whose Q/K/V stay on the GPU).
     pub layer_err: Vec<f64>,
     /// Stored bits per value of K and V (a lever row's at the text's length, exact tokens and
     /// means included).
@@ -73,6 +90,12 @@ pub struct Setup {
     pub prefill_from: Option<u32>,
     /// The caches' products (`CacheSpec::precision`).
     pub precision: kvq::Precision,
+    /// Where the kvq rows' forward runs.
+    pub forward: Forward,
+    /// The model file (the GPU forward loads its own weights from it).
+    pub path: PathBuf,
+    /// The GPU forward's weights, loaded on first use.
+    gpu_weights: std::sync::OnceLock<Arc<crate::llama::Weights>>,
 }
 
 /// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root
@@ -108,8 +131,9 @@ impl Setup {
         if !model.exists() {
             return Err(format!("{} does not exist", model.display()));
         }
+        let path = model;
         let model = Model::load(model)?;
-        let tok = tokenizer(&model)?;
+        let tok = tokenizer(&model.tokens, &model.token_types, &model.merges)?;
         let body = std::fs::read_to_string(text).map_err(|e| format!("{}: {e}", text.display()))?;
         if n < 2 {
             return Err(format!(
@@ -132,11 +156,78 @@ impl Setup {
             ctx,
             prefill_from: None,
             precision: kvq::Precision::Auto,
+            forward: Forward::Cpu,
+            path: path.to_path_buf(),
+            gpu_weights: std::sync::OnceLock::new(),
         })
     }
 
-    /// Runs the forward with `cache`; `progress` is called after each layer.
+    /// The whole forward on the GPU with kvq `codecs` and `exact` tokens: every position's
+    /// log-probabilities; `progress` is called after each chunk of tokens.
+    fn run_gpu(
+        &self,
+        codecs: KvCodecs,
+        exact: ExactTokens,
+        progress: &mut dyn FnMut(),
+    ) -> Result<Vec<f32>, String> {
+        if self.gpu_weights.get().is_none() {
+            let mut g = crate::gguf::Gguf::open(&self.path).map_err(|e| e.to_string())?;
+            let w = crate::llama::Weights::from_gguf(&self.ctx.device, &mut g, None, &mut |_| {})
+                .map_err(|e| e.to_string())?;
+            let _ = self.gpu_weights.set(Arc::new(w));
+        }
+        let weights = self.gpu_weights.get().expect("loaded above").clone();
+        let n = self.tokens.len() as u32;
+        let mut opts = Options::new(n, codecs);
+        opts.exact = exact;
+        opts.score = true;
+        opts.prompt_max = GPU_CHUNK.min(n);
+        opts.prefill_from = self.prefill_from;
+        opts.precision = self.precision;
+        let mut e = Engine::new(&self.ctx, weights, opts).map_err(|e| e.to_string())?;
+        let logits = e
+            .score(&self.tokens, &mut |_| progress())
+            .map_err(|e| e.to_string())?;
+        Ok(log_probs(&logits, self.model.cfg.vocab))
+    }
+
+    /// Progress calls a run of `cache` makes: one per layer on the CPU, one per chunk of
+    /// [`GPU_CHUNK`] tokens on the GPU.
+    pub fn progress_steps(&self, cache: Cache) -> usize {
+        match (self.forward, cache) {
+            (Forward::Gpu, Cache::Kvq(_) | Cache::KvqExact(..)) => {
+                self.tokens.len().div_ceil(GPU_CHUNK as usize)
+            }
+            _ => self.model.cfg.layers,
+        }
+    }
+
+    /// Runs the forward with `cache`; `progress` is called after each layer (each chunk of
+    /// tokens for a GPU forward).
     pub fn run(&self, cache: Cache, progress: &mut dyn FnMut()) -> Result<Run, String> {
+        if self.forward == Forward::Gpu
+            && let Cache::Kvq(c) | Cache::KvqExact(c, _) = cache
+        {
+            let start = Instant::now();
+            let exact = match cache {
+                Cache::KvqExact(_, x) => x,
+                _ => ExactTokens::NONE,
+            };
+            let lp = self.run_gpu(c, exact, progress)?;
+            let d = self.model.cfg.head_dim as u32;
+            let t = self.tokens.len();
+            let extra = 16.0 * exact.rows().min(t as u32) as f64 / t as f64;
+            let mean = if exact.k_mean { 32.0 / t as f64 } else { 0.0 };
+            return Ok(Run {
+                log_probs: lp,
+                layer_err: Vec::new(),
+                bits: (
+                    c.k.bits_per_value(d) + extra + mean,
+                    c.v.bits_per_value(d) + extra,
+                ),
+                seconds: start.elapsed().as_secs_f64(),
+            });
+        }
         let cfg = &self.model.cfg;
         let d = cfg.head_dim as u32;
         let start = Instant::now();

@@ -24,11 +24,29 @@
 //! second CSV). Progress on stderr.
 
 mod attention;
+#[allow(dead_code)]
+#[path = "../chat/engine.rs"]
+mod engine;
+#[allow(dead_code)]
+#[path = "../chat/error.rs"]
+mod error;
+#[allow(dead_code)]
+#[path = "../chat/gguf.rs"]
+mod gguf;
 mod harness;
+#[allow(dead_code)]
+#[path = "../chat/kernels.rs"]
+mod kernels;
 mod levers;
+#[allow(dead_code)]
+#[path = "../chat/llama.rs"]
+mod llama;
 mod metrics;
 mod model;
 mod tokenize;
+#[allow(dead_code)]
+#[path = "../chat/weights.rs"]
+mod weights;
 
 #[path = "../shared/codec_list.rs"]
 mod codec_list;
@@ -58,6 +76,8 @@ const USAGE: &str =
                  exact (CacheSpec::with_exact; rows '<codec> [sinkS+recentR]'); S,R,kmean also
                  removes K's mean over the sink (ExactTokens::k_mean; rows
                  '<codec> [kmean+sinkS+recentR]'); several sets separated by ';'
+  --exact-codecs LIST  the codecs --exact adds rows for (default: every codec of --codecs;
+                 these need not be in --codecs)
   --score-from N score positions N.. only (default 0): every position still attends all the
                  tokens before it, but early positions, whose whole context a lever such as
                  recentN keeps exact, no longer count
@@ -67,6 +87,10 @@ const USAGE: &str =
                  fast for codes of at most 4 bits, else exact; fast: f16 where the adapter has
                  shader-f16, today in the prefill kernel)
   --levers-only  run only the lever rows (and exact, none): not the codecs' GPU rows
+  --forward cpu|gpu  where the model runs for the kvq rows (default cpu: candle's f32 forward
+                 with kvq attending each layer; gpu: the whole forward on the GPU, the chat
+                 example's engine, in chunks of 256 tokens: for long texts; no per-layer
+                 attention error then)
   --csv FILE     write the table as CSV, and FILE's stem + '-layers.csv' per layer
   --plot FILE    KL divergence against stored bits per value, SVG
   --replot CSV   with --plot: draw the plot again from a CSV written earlier (no model, no GPU)";
@@ -91,6 +115,7 @@ struct Args {
     replot: Option<PathBuf>,
     prefill_from: Option<u32>,
     precision: kvq::Precision,
+    forward: harness::Forward,
 }
 
 impl Args {
@@ -125,10 +150,12 @@ fn parse_args() -> Result<Args, String> {
         replot: None,
         prefill_from: None,
         precision: kvq::Precision::Auto,
+        forward: harness::Forward::Cpu,
     };
     let mut names = KvCodecs::all_names();
     let (mut lever_list, mut calib, mut levers_only) = (None, 16, false);
     let mut exact: Vec<kvq::ExactTokens> = Vec::new();
+    let mut exact_codecs: Option<Vec<KvCodecs>> = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -155,11 +182,26 @@ fn parse_args() -> Result<Args, String> {
                     exact.push(set.parse().map_err(|e| format!("--exact: {e}"))?);
                 }
             }
+            "--exact-codecs" => {
+                exact_codecs = Some(
+                    codec_list::split_codecs(&val)
+                        .iter()
+                        .map(|n| KvCodecs::parse(n).map_err(|e| e.to_string()))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             "--prefill-from" => {
                 let n: u32 = val
                     .parse()
                     .map_err(|_| format!("bad --prefill-from {val}"))?;
                 a.prefill_from = Some(n.max(1));
+            }
+            "--forward" => {
+                a.forward = match val.as_str() {
+                    "cpu" => harness::Forward::Cpu,
+                    "gpu" => harness::Forward::Gpu,
+                    _ => return Err(format!("--forward {val}: cpu or gpu")),
+                }
             }
             "--precision" => a.precision = val.parse().map_err(|e| format!("--precision: {e}"))?,
             "--csv" => a.csv = Some(val.into()),
@@ -176,15 +218,18 @@ fn parse_args() -> Result<Args, String> {
         a.codecs
             .push(Cache::Kvq(KvCodecs::parse(n).map_err(|e| e.to_string())?));
     }
-    // Each codec again with each set of exact tokens.
-    let kvq_rows: Vec<KvCodecs> = a
-        .codecs
-        .iter()
-        .filter_map(|c| match c {
-            Cache::Kvq(k) if *k != KvCodecs::NONE => Some(*k),
-            _ => None,
-        })
-        .collect();
+    // Each codec (or each of --exact-codecs) again with each set of exact tokens.
+    let kvq_rows: Vec<KvCodecs> = match exact_codecs {
+        Some(list) => list,
+        None => a
+            .codecs
+            .iter()
+            .filter_map(|c| match c {
+                Cache::Kvq(k) if *k != KvCodecs::NONE => Some(*k),
+                _ => None,
+            })
+            .collect(),
+    };
     for x in &exact {
         for k in &kvq_rows {
             a.codecs.push(Cache::KvqExact(*k, *x));
@@ -213,6 +258,7 @@ struct Row {
 }
 
 impl Row {
+    /// NaN where the forward measured no layer (a GPU forward).
     fn err_mean(&self) -> f64 {
         self.run.layer_err.iter().sum::<f64>() / self.run.layer_err.len() as f64
     }
@@ -223,6 +269,14 @@ impl Row {
             .copied()
             .enumerate()
             .fold((0, 0.0), |b, (i, e)| if e > b.1 { (i, e) } else { b })
+    }
+    /// The attention error cell of the table: mean / worst (layer), or `-` without layers.
+    fn err_cell(&self) -> String {
+        if self.run.layer_err.is_empty() {
+            return "-".into();
+        }
+        let (l, e) = self.err_max();
+        format!("{:.4} / {:.4} ({l})", self.err_mean(), e)
     }
     fn recommended(&self) -> bool {
         RECOMMENDED.contains(&self.name.as_str())
@@ -292,9 +346,8 @@ fn print_table(rows: &[Row], tokens: usize, device: &str) {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---|");
     for r in rows {
-        let (l, e) = r.err_max();
         println!(
-            "| `{}`{} | {:.2} / {:.2} | {:.3} | {:+.2} | {:.4} | {:.4} | {:.3} | {:.4} / {:.4} ({l}) |",
+            "| `{}`{} | {:.2} / {:.2} | {:.3} | {:+.2} | {:.4} | {:.4} | {:.3} | {} |",
             r.name,
             if r.recommended() { " *" } else { "" },
             r.run.bits.0,
@@ -304,8 +357,7 @@ fn print_table(rows: &[Row], tokens: usize, device: &str) {
             r.scores.kld,
             r.scores.kld_p99,
             r.scores.top1,
-            r.err_mean(),
-            e
+            r.err_cell()
         );
     }
     println!("* recommended");
@@ -442,6 +494,7 @@ fn run(args: &Args) -> Result<(), String> {
     )?;
     setup.prefill_from = args.prefill_from;
     setup.precision = args.precision;
+    setup.forward = args.forward;
     let cfg = &setup.model.cfg;
     let device = format!("{} ({:?})", setup.ctx.info.name, setup.ctx.info.backend);
     eprintln!(
@@ -453,10 +506,11 @@ fn run(args: &Args) -> Result<(), String> {
         setup.tokens.len(),
         args.text.display()
     );
-    let bar = indicatif::ProgressBar::new((args.codecs.len() * cfg.layers) as u64);
+    let steps: usize = args.codecs.iter().map(|c| setup.progress_steps(*c)).sum();
+    let bar = indicatif::ProgressBar::new(steps as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} layers {msg} [{elapsed}<{eta}]",
+            "{bar:40} {pos}/{len} steps {msg} [{elapsed}<{eta}]",
         )
         .map_err(|e| e.to_string())?,
     );

@@ -8,21 +8,23 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer};
 
-use crate::model::Model;
-
 /// Token type of control tokens (`<|im_start|>`, …) in a GGUF.
 const CONTROL: i32 = 3;
 
-/// Builds the tokenizer of `model`'s vocabulary.
-pub fn tokenizer(model: &Model) -> Result<Tokenizer, String> {
-    let vocab: Vocab = model
-        .tokens
+/// Builds the tokenizer of a GGUF's vocabulary: token strings and types by id, BPE merges in
+/// rank order.
+pub fn tokenizer(
+    tokens: &[String],
+    types: &[i32],
+    merges: &[(String, String)],
+) -> Result<Tokenizer, String> {
+    let vocab: Vocab = tokens
         .iter()
         .enumerate()
         .map(|(i, t)| (t.clone(), i as u32))
         .collect();
     let bpe = BPE::builder()
-        .vocab_and_merges(vocab, model.merges.clone())
+        .vocab_and_merges(vocab, merges.to_vec())
         .build()
         .map_err(|e| format!("BPE: {e}"))?;
     let mut tok = Tokenizer::new(bpe);
@@ -31,10 +33,9 @@ pub fn tokenizer(model: &Model) -> Result<Tokenizer, String> {
         PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
     ])));
     tok.with_decoder(Some(ByteLevel::default()));
-    let control: Vec<AddedToken> = model
-        .tokens
+    let control: Vec<AddedToken> = tokens
         .iter()
-        .zip(&model.token_types)
+        .zip(types)
         .filter(|(_, ty)| **ty == CONTROL)
         .map(|(t, _)| AddedToken::from(t.clone(), true))
         .collect();

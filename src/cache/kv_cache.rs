@@ -214,6 +214,24 @@ impl KvCache {
         Ok(self.host_lens[(layer * self.spec.batch + seq) as usize])
     }
 
+    /// The range of the GPU buffer that holds every sequence's length, for a caller's own
+    /// kernels (a RoPE kernel reading each new token's position on the GPU, say, so that a
+    /// decode step still uploads nothing): `layers × batch` u32, the length of sequence `seq`
+    /// in `layer` at index `layer * batch + seq`. A recorded append, fused step or chunk
+    /// advances its layer's lengths in its own last dispatch, so a kernel recorded before it
+    /// reads the length before its new tokens: the first new token's position (with a sliding
+    /// window too: lengths count every token appended). Bind it as read-only storage; kvq
+    /// writes it only in its own dispatches, which wgpu orders against the caller's in the
+    /// same pass.
+    pub fn lengths_binding(&self) -> wgpu::BufferBinding<'_> {
+        let bytes = self.spec.layers as u64 * self.spec.batch as u64 * 4;
+        wgpu::BufferBinding {
+            buffer: &self.lens,
+            offset: 0,
+            size: std::num::NonZeroU64::new(bytes),
+        }
+    }
+
     /// True when no layer of any sequence holds a token.
     pub fn is_empty(&self) -> bool {
         self.host_lens.iter().all(|&l| l == 0)
