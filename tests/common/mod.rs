@@ -1,27 +1,90 @@
-//! Shared test harness: one GPU context per test binary, seeded random data, poisoned outputs.
+//! Shared test harness: the test binary's GPU contexts, seeded random data, poisoned outputs.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use kvq::{AttendIo, GpuContext, KvCache};
 
-/// The test binary's context: every test's caches share it, so each kernel compiles once per
-/// binary (the suite's cost on a CPU driver is these compiles).
-static CTX: OnceLock<GpuContext> = OnceLock::new();
+/// The test binary's contexts, one per test the harness runs at once (`--test-threads`, by
+/// default the cores). Caches on one context share its compiled kernels. Why more than one:
+/// a CPU driver (lavapipe) compiles a kernel when it is first dispatched, on the device's one
+/// queue, so every test on a device waits for every other test's compiles, and a 2-core
+/// machine compiles on one core. A device per running test compiles on all of them; what one
+/// device compiled, Mesa's shader cache serves to the others.
+struct Pool {
+    slots: Vec<OnceLock<GpuContext>>,
+    /// How many running threads hold each slot.
+    held: Mutex<Vec<usize>>,
+}
 
-/// The test device. No adapter is a failure, never a skip: CI must see the kernels run.
-pub fn ctx() -> &'static GpuContext {
-    CTX.get_or_init(|| {
-        let ctx = new_ctx();
-        eprintln!(
-            "kvq tests on '{}' ({:?}, {:?})",
-            ctx.info.name,
-            ctx.info.backend,
-            ctx.capabilities()
-        );
+static POOL: OnceLock<Pool> = OnceLock::new();
+
+fn pool() -> &'static Pool {
+    POOL.get_or_init(|| {
+        let n = std::env::var("RUST_TEST_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1)
+            .max(1);
         // SAFETY: `atexit` of the C runtime every Rust program links, with a function that
-        // only reads the context's counter.
+        // only reads the contexts' counters.
         unsafe { atexit(report_compiled) };
+        Pool {
+            slots: (0..n).map(|_| OnceLock::new()).collect(),
+            held: Mutex::new(vec![0; n]),
+        }
+    })
+}
+
+/// A test thread's slot in the pool, held until the thread ends (the harness runs each test on
+/// a thread of its own). A thread that finds every slot held (a test's own threads, or a test
+/// that started before the last one's thread had ended: it waits 100 ms for that) takes the
+/// slot fewest threads hold: a context is thread-safe, only their compiles wait for each other.
+struct Lease(usize);
+
+impl Lease {
+    fn take() -> Lease {
+        for _ in 0..100 {
+            let mut held = pool().held.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = held.iter().position(|&n| n == 0) {
+                held[slot] = 1;
+                return Lease(slot);
+            }
+            drop(held);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut held = pool().held.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (0..held.len()).min_by_key(|&i| held[i]).unwrap_or(0);
+        held[slot] += 1;
+        Lease(slot)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        pool().held.lock().unwrap_or_else(|e| e.into_inner())[self.0] -= 1;
+    }
+}
+
+thread_local! {
+    static LEASE: Lease = Lease::take();
+}
+
+/// The test's context (its thread's slot in the pool, created at first use). No adapter is a
+/// failure, never a skip: CI must see the kernels run.
+pub fn ctx() -> &'static GpuContext {
+    let slot = LEASE.with(|l| l.0);
+    pool().slots[slot].get_or_init(|| {
+        let ctx = new_ctx();
+        if slot == 0 {
+            eprintln!(
+                "kvq tests on '{}' ({:?}, {:?})",
+                ctx.info.name,
+                ctx.info.backend,
+                ctx.capabilities()
+            );
+        }
         ctx
     })
 }
@@ -30,12 +93,18 @@ unsafe extern "C" {
     fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
 }
 
-/// Says at the test binary's exit how many pipelines its context compiled.
+/// Says at the test binary's exit how many pipelines its contexts compiled (a kernel counts
+/// once per context that needed it).
 extern "C" fn report_compiled() {
-    if let Some(ctx) = CTX.get() {
+    if let Some(pool) = POOL.get() {
+        let counts: Vec<u64> = pool
+            .slots
+            .iter()
+            .filter_map(|s| s.get().map(GpuContext::compiled_pipelines))
+            .collect();
         eprintln!(
-            "kvq tests: {} compute pipelines compiled by this test binary",
-            ctx.compiled_pipelines()
+            "kvq tests: {} compute pipelines compiled by this test binary (per context: {counts:?})",
+            counts.iter().sum::<u64>()
         );
     }
 }
