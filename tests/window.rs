@@ -257,8 +257,17 @@ fn split_tails_in_a_ring_over_segments() {
 
 #[test]
 fn prefill_longer_than_the_ring_keeps_its_last_tokens() {
-    for shape in &SHAPES {
-        let shape = *shape;
+    prefill_longer_than_the_ring(&SHAPES[..2]);
+}
+
+/// As above for the quantized shapes (apart, so that the two run on parallel test threads).
+#[test]
+fn prefill_longer_than_the_quantized_ring_keeps_its_last_tokens() {
+    prefill_longer_than_the_ring(&SHAPES[2..]);
+}
+
+fn prefill_longer_than_the_ring(shapes: &[Shape]) {
+    for &shape in shapes {
         let mut r = ring(shape);
         let (name, cap) = (shape.0, shape.4 as usize);
         // Wide append path (more than 64 tokens), most of them dropped by the ring.
