@@ -14,6 +14,7 @@
 
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { availableParallelism } from 'node:os';
 import { create, globals } from 'webgpu';
 
 Object.assign(globalThis, globals);
@@ -242,38 +243,53 @@ async function main() {
   console.log(`Dawn adapter: ${ai.description || ai.device} (vendor ${ai.vendor}, ${ai.architecture}, fallback: ${ai.isFallbackAdapter})`);
   console.log(`plans: ${manifest.scenarios.length} (target ${manifest.target}, exported on ${manifest.adapter})\n`);
 
-  const rows = [];
+  // Plans run a few at a time, each on a device of its own: a CPU driver (lavapipe) compiles
+  // a kernel when it is first dispatched, on its device's one queue, so one device at a time
+  // would compile on one core. The table keeps the manifest's order.
+  const jobs = Number(process.env.KVQ_REPLAY_JOBS) || availableParallelism();
+  const rows = new Array(manifest.scenarios.length);
+  const notes = new Array(manifest.scenarios.length);
   let failed = 0;
-  for (const s of manifest.scenarios) {
-    const plan = JSON.parse(readFileSync(join(dir, s.plan), 'utf8'));
-    if (plan.format !== 'kvq-replay-plan/1') throw new Error(`${s.plan}: unknown format ${plan.format}`);
-    const t0 = performance.now();
-    let r;
-    try {
-      // A WebGPU adapter creates one device; each plan gets a fresh device.
-      const a = await getAdapter(gpu);
-      if (!a) throw new Error('the adapter went away');
-      r = await runPlan(a, plan, gridRules(s));
-    } catch (e) {
-      r = { problems: [`exception: ${e.stack || e}`], infos: 0, dispatches: 0, results: [] };
+  let next = 0;
+  async function worker() {
+    while (next < manifest.scenarios.length) {
+      const i = next++;
+      const s = manifest.scenarios[i];
+      const plan = JSON.parse(readFileSync(join(dir, s.plan), 'utf8'));
+      if (plan.format !== 'kvq-replay-plan/1') throw new Error(`${s.plan}: unknown format ${plan.format}`);
+      const t0 = performance.now();
+      let r;
+      try {
+        // A WebGPU adapter creates one device; each plan gets a fresh device.
+        const a = await getAdapter(gpu);
+        if (!a) throw new Error('the adapter went away');
+        r = await runPlan(a, plan, gridRules(s));
+      } catch (e) {
+        r = { problems: [`exception: ${e.stack || e}`], infos: 0, dispatches: 0, results: [] };
+      }
+      const ms = performance.now() - t0;
+      const bad = r.results.filter((x) => !x.ok);
+      const ok = r.problems.length === 0 && bad.length === 0 && r.results.length === plan.checks.length;
+      if (!ok) failed++;
+      const worst = r.results.filter((x) => x.err !== 0).reduce((m, x) => (Number.isNaN(x.err) || x.err > m ? x.err : m), 0);
+      rows[i] = [
+        s.name,
+        `${plan.modules.length}`,
+        `${r.dispatches}`,
+        `${r.results.length - bad.length}/${plan.checks.length}`,
+        Number.isNaN(worst) ? 'NaN' : worst.toExponential(2),
+        `${(ms / 1000).toFixed(1)}s`,
+        ok ? 'ok' : 'FAIL',
+      ];
+      notes[i] = [
+        ...r.problems.map((p) => `${s.name}: ${p}`),
+        ...bad.map((x) => `${s.name}: ${x.label}: rel err ${x.err}${x.note ? ` (${x.note})` : ''}`),
+      ];
+      console.log(`${s.name}: ${ok ? 'ok' : 'FAIL'} (${(ms / 1000).toFixed(1)} s)`);
     }
-    const ms = performance.now() - t0;
-    const bad = r.results.filter((x) => !x.ok);
-    const ok = r.problems.length === 0 && bad.length === 0 && r.results.length === plan.checks.length;
-    if (!ok) failed++;
-    const worst = r.results.filter((x) => x.err !== 0).reduce((m, x) => (Number.isNaN(x.err) || x.err > m ? x.err : m), 0);
-    rows.push([
-      s.name,
-      `${plan.modules.length}`,
-      `${r.dispatches}`,
-      `${r.results.length - bad.length}/${plan.checks.length}`,
-      Number.isNaN(worst) ? 'NaN' : worst.toExponential(2),
-      `${(ms / 1000).toFixed(1)}s`,
-      ok ? 'ok' : 'FAIL',
-    ]);
-    for (const p of r.problems) console.log(`${s.name}: ${p}`);
-    for (const x of bad) console.log(`${s.name}: ${x.label}: rel err ${x.err}${x.note ? ` (${x.note})` : ''}`);
   }
+  await Promise.all(Array.from({ length: jobs }, worker));
+  for (const n of notes) for (const line of n) console.log(line);
   const head = ['scenario', 'modules', 'dispatches', 'checks', 'max rel err', 'time', 'result'];
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
   const line = (r) => r.map((c, i) => (i === 0 ? c.padEnd(w[i]) : c.padStart(w[i]))).join('  ');
