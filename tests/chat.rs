@@ -29,6 +29,9 @@ mod kernels;
 #[path = "../examples/chat/llama.rs"]
 mod llama;
 #[allow(dead_code)]
+#[path = "../examples/shared/model_file.rs"]
+mod model_file;
+#[allow(dead_code)]
 #[path = "../examples/chat/weights.rs"]
 mod weights;
 
@@ -58,16 +61,7 @@ const STEPS: usize = 40;
 const LOGIT_TOL: f64 = 3e-3;
 
 fn model_path() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let path = root.join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.exists() {
-        let status = std::process::Command::new("bash")
-            .arg(root.join("bench/fetch-smollm2.sh"))
-            .status()
-            .expect("bench/fetch-smollm2.sh");
-        assert!(status.success(), "bench/fetch-smollm2.sh failed: no model");
-    }
-    path
+    model_file::model_path(None).unwrap()
 }
 
 fn argmax(row: &[f32]) -> usize {

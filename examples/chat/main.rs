@@ -28,11 +28,13 @@ mod weights;
 
 #[path = "../shared/codec_list.rs"]
 mod codec_list;
+#[path = "../shared/model_file.rs"]
+mod model_file;
 #[allow(dead_code)]
 #[path = "../perplexity/tokenize.rs"]
 mod tokenize;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use kvq::{ExactTokens, GpuContext, KvCodecs};
@@ -225,27 +227,7 @@ pub fn open_device() -> Result<GpuContext> {
 /// The model path: `path`, else `$KVQ_MODEL`, else the default under the crate root (fetched
 /// when missing; a failed fetch is an error).
 pub fn model_path(path: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(p) = path.or_else(|| std::env::var_os("KVQ_MODEL").map(PathBuf::from)) {
-        return Ok(p);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let path = root.join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.exists() {
-        eprintln!(
-            "{} is missing: running bench/fetch-smollm2.sh",
-            path.display()
-        );
-        let status = std::process::Command::new("bash")
-            .arg(root.join("bench/fetch-smollm2.sh"))
-            .status()
-            .map_err(|e| ChatError::Argument(format!("bench/fetch-smollm2.sh: {e}")))?;
-        if !status.success() {
-            return Err(ChatError::Argument(format!(
-                "bench/fetch-smollm2.sh failed ({status}): no model"
-            )));
-        }
-    }
-    Ok(path)
+    model_file::model_path(path).map_err(ChatError::Argument)
 }
 
 fn main() -> ExitCode {

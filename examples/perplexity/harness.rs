@@ -15,8 +15,9 @@ use crate::metrics::log_probs;
 use crate::model::{Attention, Config, LayerQkv, Model};
 use crate::tokenize::{encode, tokenizer};
 
-/// Where `bench/fetch-smollm2.sh` puts the model.
-pub const DEFAULT_MODEL: &str = ".models/SmolLM2-135M-Instruct.Q4_1.gguf";
+#[path = "../shared/model_file.rs"]
+mod model_file;
+pub use model_file::model_path;
 /// The text: the GPL-3, which every Debian machine carries (package `base-files`).
 pub const DEFAULT_TEXT: &str = "/usr/share/common-licenses/GPL-3";
 
@@ -96,32 +97,6 @@ pub struct Setup {
     pub path: PathBuf,
     /// The GPU forward's weights, loaded on first use.
     gpu_weights: std::sync::OnceLock<Arc<crate::llama::Weights>>,
-}
-
-/// The model path: `path`, else `$KVQ_MODEL`, else [`DEFAULT_MODEL`] under the crate root
-/// (fetched by `bench/fetch-smollm2.sh` when it is missing; a failed fetch is an error).
-pub fn model_path(path: Option<PathBuf>) -> Result<PathBuf, String> {
-    if let Some(p) = path.or_else(|| std::env::var_os("KVQ_MODEL").map(PathBuf::from)) {
-        return Ok(p);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let path = root.join(DEFAULT_MODEL);
-    if !path.exists() {
-        eprintln!(
-            "{} is missing: running bench/fetch-smollm2.sh",
-            path.display()
-        );
-        let status = std::process::Command::new("bash")
-            .arg(root.join("bench/fetch-smollm2.sh"))
-            .status()
-            .map_err(|e| format!("bench/fetch-smollm2.sh: {e}"))?;
-        if !status.success() {
-            return Err(format!(
-                "bench/fetch-smollm2.sh failed ({status}): no model"
-            ));
-        }
-    }
-    Ok(path)
 }
 
 impl Setup {
