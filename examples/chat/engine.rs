@@ -705,17 +705,24 @@ impl Engine {
                 .write_buffer(&self.bufs.ids, 0, bytemuck::cast_slice(&flat));
             self.write_params(&self.bufs.prompt_params, m as u32, 0);
             let m = m as u32;
-            if self.chunk.as_ref().is_none_or(|c| c.tokens() != m) {
-                let b = &self.bufs;
-                self.chunk = None;
-                let io = self
-                    .cache
-                    .chunk_io(&b.k, &b.v, m, InputType::F16, &b.q, &b.attn)?;
-                self.chunk = Some(io);
-            }
+            self.keep_chunk_io(m)?;
             next = self.run(Some(m), false)?;
         }
         Ok(next)
+    }
+
+    /// Keeps one chunk io, for `m` tokens: the last length's, reused while chunks keep it, built
+    /// again (the old one dropped first) when the length changes.
+    fn keep_chunk_io(&mut self, m: u32) -> Result<()> {
+        if self.chunk.as_ref().is_none_or(|c| c.tokens() != m) {
+            let b = &self.bufs;
+            self.chunk = None;
+            let io = self
+                .cache
+                .chunk_io(&b.k, &b.v, m, InputType::F16, &b.q, &b.attn)?;
+            self.chunk = Some(io);
+        }
+        Ok(())
     }
 
     /// Every position's logits of `ids` (batch 1, appended after what the cache holds, in
@@ -747,14 +754,7 @@ impl Engine {
                 .queue
                 .write_buffer(&self.bufs.ids, 0, bytemuck::cast_slice(chunk));
             self.write_params(&self.bufs.prompt_params, m, 0);
-            if self.chunk.as_ref().is_none_or(|c| c.tokens() != m) {
-                let b = &self.bufs;
-                self.chunk = None;
-                let io = self
-                    .cache
-                    .chunk_io(&b.k, &b.v, m, InputType::F16, &b.q, &b.attn)?;
-                self.chunk = Some(io);
-            }
+            self.keep_chunk_io(m)?;
             self.run(Some(m), true)?;
             let bytes = m as u64 * vocab * 4;
             let (all, _) = self.bufs.all_logits.as_ref().expect("checked above");

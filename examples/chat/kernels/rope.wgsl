@@ -28,6 +28,14 @@ const WGS: u32 = 64u;
 var<workgroup> red: array<f32, WGS>;
 var<workgroup> row: array<f32, D>;
 
+// The two coordinates rotation pair i turns (see ROPE).
+fn pair(i: u32) -> vec2<u32> {
+    if ROPE == 0u {
+        return vec2<u32>(2u * i, 2u * i + 1u);
+    }
+    return vec2<u32>(i, i + HALF);
+}
+
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let head = wid.x;
@@ -61,12 +69,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var out: array<f32, 2 * ((HALF + WGS - 1u) / WGS)>;
     for (var j = 0u; j * WGS + lid < HALF; j++) {
         let i = j * WGS + lid;
-        var ia = i;
-        var ib = i + HALF;
-        if ROPE == 0u {
-            ia = 2u * i;
-            ib = 2u * i + 1u;
-        }
+        let ab = pair(i);
+        let ia = ab.x;
+        let ib = ab.y;
         var a = row[ia];
         var c = row[ib];
         if !is_v {
@@ -87,15 +92,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     for (var j = 0u; j * WGS + lid < HALF; j++) {
-        let i = j * WGS + lid;
-        var ia = i;
-        var ib = i + HALF;
-        if ROPE == 0u {
-            ia = 2u * i;
-            ib = 2u * i + 1u;
-        }
-        row[ia] = out[2u * j];
-        row[ib] = out[2u * j + 1u];
+        let ab = pair(j * WGS + lid);
+        row[ab.x] = out[2u * j];
+        row[ab.y] = out[2u * j + 1u];
     }
     workgroupBarrier();
     if is_q {
