@@ -385,6 +385,7 @@ fn run() -> Result<(), Error> {
             // NVIDIA GPUs compile them.)
             baked_shape: kvq::tuning::BAKED_ON_NVIDIA,
             precision,
+            matrix: None,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.

@@ -83,6 +83,65 @@ pub struct Capabilities {
 
 pub use crate::kernels::{INVOCATIONS_NEEDED, WORKGROUP_MEMORY_NEEDED};
 
+/// Matrix units the chunk kernels put their products on ([`GpuContext::matrix_units`]):
+/// wgpu's cooperative matrices (tensor cores on NVIDIA, simdgroup matrices on Apple), f16
+/// fragments multiplied into f32 ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatrixUnits {
+    /// The fragments' size F (F × F × F products): 16 on NVIDIA, 8 on Apple.
+    pub fragment: u32,
+    /// The same products written out per invocation in plain WGSL instead of on matrix
+    /// units: a testing aid that runs the matrix kernels' tiling, decoding, masks and softmax
+    /// on any adapter (slower than the kernels they replace).
+    pub emulated: bool,
+    /// Query rows a workgroup of the matrix prefill kernel serves: 2 F, or F for a cache
+    /// whose tiles at 2 F rows do not fit the adapter's workgroup memory (a cache's
+    /// [`crate::KernelConfig::matrix`] says which it got).
+    pub rows: u32,
+}
+
+impl MatrixUnits {
+    /// Hardware or `emulated` fragments of `fragment` (16 or 8), 2 F rows a workgroup.
+    pub fn new(fragment: u32, emulated: bool) -> MatrixUnits {
+        MatrixUnits {
+            fragment,
+            emulated,
+            rows: 2 * fragment,
+        }
+    }
+}
+
+/// Fragment sizes the matrix kernels are written for, in order of preference.
+const MATRIX_FRAGMENTS: [u32; 2] = [16, 8];
+
+/// Invocations of a subgroup the matrix kernels are written for (their workgroup of 128 is
+/// four subgroups): NVIDIA's and Apple's.
+const MATRIX_SUBGROUP: u32 = 32;
+
+/// The fragment size kvq's matrix kernels would use on `adapter`: one it offers square with f16
+/// inputs and f32 sums, with subgroups of [`MATRIX_SUBGROUP`] invocations, shader-f16 and
+/// subgroups; `None` elsewhere.
+fn matrix_fragment(adapter: &wgpu::Adapter) -> Option<u32> {
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    let info = adapter.get_info();
+    if !adapter.features().contains(needed)
+        || info.subgroup_min_size != MATRIX_SUBGROUP
+        || info.subgroup_max_size != MATRIX_SUBGROUP
+    {
+        return None;
+    }
+    let props = adapter.cooperative_matrix_properties();
+    MATRIX_FRAGMENTS.into_iter().find(|&f| {
+        props.iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (f, f, f)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+    })
+}
+
 /// A wgpu device and queue that kvq records onto, with the counters of kvq's own traffic.
 ///
 /// Cheap to clone (everything inside is reference counted).
@@ -99,6 +158,7 @@ pub struct GpuContext {
     kernels: Arc<KernelCache>,
     shader_checks: bool,
     workgroup_poison: bool,
+    matrix: Option<MatrixUnits>,
 }
 
 /// [`GpuContext::new`] has wgpu refuse (as an out-of-memory error) a buffer that would take
@@ -200,7 +260,9 @@ impl GpuContext {
             have.max_storage_buffers_per_shader_stage as u64,
         )?;
         let mut limits = wgpu::Limits::downlevel_defaults();
-        limits.max_compute_workgroup_storage_size = WORKGROUP_MEMORY_NEEDED;
+        // kvq's kernels fit WORKGROUP_MEMORY_NEEDED; the matrix kernels take more where the
+        // adapter has it (their tiles of f16 and their f32 outputs).
+        limits.max_compute_workgroup_storage_size = have.max_compute_workgroup_storage_size;
         limits.max_compute_invocations_per_workgroup = INVOCATIONS_NEEDED;
         limits.max_compute_workgroup_size_x =
             INVOCATIONS_NEEDED.min(have.max_compute_workgroup_size_x);
@@ -210,10 +272,19 @@ impl GpuContext {
         limits.max_buffer_size = have.max_buffer_size;
         limits.max_compute_workgroups_per_dimension = have.max_compute_workgroups_per_dimension;
         limits.max_bind_groups = have.max_bind_groups.min(4);
-        let wanted = wgpu::Features::SHADER_F16
+        let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        // Cooperative matrices where the tuning table chooses the matrix kernels and the
+        // adapter has fragments they are written for.
+        let off = std::env::var("KVQ_MATRIX").is_ok_and(|v| v == "off");
+        if crate::tuning::for_adapter(&info).matrix_units
+            && !off
+            && matrix_fragment(adapter).is_some()
+        {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         Ok((adapter.features() & wanted, limits))
     }
 
@@ -222,16 +293,28 @@ impl GpuContext {
     pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
         let info = adapter.get_info();
         let (features, limits) = Self::device_requirements(adapter)?;
+        let matrix = features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvq"),
                 required_features: features,
                 required_limits: limits,
+                // SAFETY: wgpu's opt-in for its experimental features, taken only for
+                // cooperative matrices; kvq's matrix kernels pass naga's validation (the
+                // portability test) and are tested against the CPU reference on the GPU.
+                experimental_features: match matrix {
+                    true => unsafe { wgpu::ExperimentalFeatures::enabled() },
+                    false => wgpu::ExperimentalFeatures::disabled(),
+                },
                 ..Default::default()
             })
             .await
             .map_err(|e| KvqError::RequestDevice(e.to_string()))?;
-        Ok(Self::wrap(device, queue, info))
+        let mut ctx = Self::wrap(device, queue, info);
+        if matrix {
+            ctx.matrix = matrix_fragment(adapter).map(|f| MatrixUnits::new(f, false));
+        }
+        Ok(ctx)
     }
 
     /// Wraps a caller's existing device and queue. kvq uses only the features and limits the
@@ -263,7 +346,53 @@ impl GpuContext {
             kernels: Arc::default(),
             shader_checks: false,
             workgroup_poison: false,
+            matrix: None,
         }
+    }
+
+    /// The matrix units the chunk kernels of caches made on this context put their products
+    /// on, where their precision is [`crate::Precision::Fast`]: those [`GpuContext::new`]
+    /// found and the tuning table chose ([`crate::tuning::DeviceTuning::matrix_units`]), or
+    /// those set by [`GpuContext::with_matrix_units`]; `None`: FP32 and packed-f16 lanes only.
+    pub fn matrix_units(&self) -> Option<MatrixUnits> {
+        self.matrix
+    }
+
+    /// Caches created from now on put their chunk products on `units` (`None`: on no matrix
+    /// units). Emulated units run on any adapter (a testing aid); hardware ones need a device
+    /// with `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`, shader-f16 and subgroups of 32
+    /// invocations, whose adapter offers F × F × F fragments of f16 summed in f32: else
+    /// [`KvqError::AdapterTooWeak`]. A context from [`GpuContext::from_device`] has none until
+    /// this is called.
+    pub fn with_matrix_units(mut self, units: Option<MatrixUnits>) -> Result<GpuContext> {
+        if let Some(u) = units {
+            let too_weak = |what: String| KvqError::AdapterTooWeak {
+                adapter: self.info.name.clone(),
+                what,
+                needed: 1,
+                have: 0,
+            };
+            if !MATRIX_FRAGMENTS.contains(&u.fragment) || ![1, 2].contains(&(u.rows / u.fragment)) || u.rows % u.fragment != 0 {
+                return Err(too_weak(format!(
+                    "matrix fragments of {0}x{0} and {1} rows a workgroup (kvq's are 16x16 or 8x8, F or 2 F rows)",
+                    u.fragment, u.rows
+                )));
+            }
+            let needed = match u.emulated {
+                true => wgpu::Features::SHADER_F16,
+                false => {
+                    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                        | wgpu::Features::SHADER_F16
+                        | wgpu::Features::SUBGROUP
+                }
+            };
+            let missing = needed - self.device.features();
+            if !missing.is_empty() {
+                return Err(too_weak(format!("{missing:?} (matrix units)")));
+            }
+        }
+        self.matrix = units;
+        Ok(self)
     }
 
     /// Compiles the kernels of caches created from now on with all of wgpu's shader runtime

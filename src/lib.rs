@@ -167,7 +167,7 @@ mod wait;
 
 pub use cache::{AppendInput, AttendIo, CHUNK_SLICE_TOKENS, ChunkIo, KvCache, Layout, StepIo};
 pub use codec::{Codec, CodecKind, KvCodecs};
-pub use context::{Capabilities, GpuContext, TransferStats};
+pub use context::{Capabilities, GpuContext, MatrixUnits, TransferStats};
 pub use error::{KvqError, Result};
 pub use kernels::{InputType, KernelConfig, KernelModule};
 pub use memory::{MemoryReport, StoreBytes};

@@ -209,6 +209,11 @@ pub struct DeviceTuning {
     /// variable `KVQ_BAKE` (comma-separated names, `all`, or empty for none) takes its place
     /// for every cache of the process; either way the kernels compute the same results.
     pub baked_shape: &'static [&'static str],
+    /// Whether kvq asks this adapter for cooperative matrices and puts the chunk kernels'
+    /// products on them (where it offers fragments kvq's matrix kernels are written for:
+    /// [`crate::GpuContext::matrix_units`]). For a measurement, `KVQ_MATRIX=off` in the
+    /// environment turns them off for every context the process opens.
+    pub matrix_units: bool,
 }
 
 /// The shape numbers whose move from the kernels' text to uniforms cost more than 2 % of a
@@ -286,6 +291,7 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
     chunk_splits: CHUNK_SPLITS,
     // Compiles are the suite's and a first start's cost here: every shape number a uniform.
     baked_shape: &[],
+    matrix_units: false,
 };
 
 /// NVIDIA H200 (132 multiprocessors), where every decode default was measured (BENCHMARKS.md,
@@ -323,6 +329,7 @@ pub const H200: DeviceTuning = DeviceTuning {
     prefill_from_f16: Some(64),
     chunk_splits: CHUNK_SPLITS,
     baked_shape: BAKED_ON_NVIDIA,
+    matrix_units: true,
 };
 
 /// NVIDIA H100 SXM (its Vulkan name "NVIDIA H100 80GB HBM3"): the H200's GH100 chip, with
@@ -372,6 +379,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
     prefill_from_f16: None,
     chunk_splits: CHUNK_SPLITS,
     baked_shape: &[],
+    matrix_units: false,
 };
 
 /// The measured tunings, the first match wins; an adapter none matches gets [`UNMEASURED`].

@@ -5,7 +5,9 @@
 mod common;
 
 use common::{Rng, ctx, reference_over_rows, rel_err, storage_buffer};
-use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError, Precision};
+use kvq::{
+    CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MatrixUnits, Precision,
+};
 
 const TOL: f64 = 1e-3;
 
@@ -48,6 +50,11 @@ fn spec(codecs: &str, d: u32, q_heads: u32, kv_heads: u32, batch: u32, capacity:
 /// `chunks`: every new token's output against the reference over the stored rows of the
 /// positions it may attend (its own and earlier ones, within the window).
 fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
+    check_on(ctx(), spec, prefix, chunks)
+}
+
+/// [`check`] on the context `gpu`.
+fn check_on(gpu: &GpuContext, spec: CacheSpec, prefix: u32, chunks: &[u32]) {
     let (d, q_heads, kv_heads, batch, capacity, window) = (
         spec.head_dim,
         spec.q_heads,
@@ -59,7 +66,7 @@ fn check(spec: CacheSpec, prefix: u32, chunks: &[u32]) {
     let codecs = spec.codecs.name();
     // The last layer: its lengths and rows follow every other layer's.
     let layer = spec.layers - 1;
-    let mut cache = KvCache::new(ctx(), spec.clone()).expect("cache");
+    let mut cache = KvCache::new(gpu, spec.clone()).expect("cache");
     // What the cache resolved its precision to (`Auto` is `Fast` for codes of at most 4 bits);
     // only the prefill kernel has f16 products, so only its chunks take their tolerance.
     let half = cache.kernel_config().precision == Precision::Fast;
@@ -500,6 +507,66 @@ fn prefill_kernel_with_f16_products_keeps_its_contract() {
         170,
         &[40],
     );
+}
+
+/// The matrix units the matrix prefill kernel is tested on: the adapter's, or where it has
+/// none emulated fragments of 16 and 8 (the kernel's tiling, decoding, masks and softmax with
+/// its products written out); with `KVQ_REQUIRE_MATRIX=1` an adapter without them fails.
+fn matrix_contexts() -> Vec<(GpuContext, MatrixUnits)> {
+    if let Some(units) = ctx().matrix_units() {
+        return vec![(ctx().clone(), units)];
+    }
+    assert!(
+        std::env::var("KVQ_REQUIRE_MATRIX").as_deref() != Ok("1"),
+        "KVQ_REQUIRE_MATRIX=1: '{}' has no matrix units kvq uses",
+        ctx().info.name
+    );
+    [16, 8]
+        .into_iter()
+        .map(|fragment| {
+            let units = MatrixUnits::new(fragment, true);
+            let gpu = ctx().clone().with_matrix_units(Some(units)).expect("emulated");
+            (gpu, units)
+        })
+        .collect()
+}
+
+#[test]
+fn prefill_kernel_on_matrix_units_matches_the_reference() {
+    // f16 products on matrix units (Precision::Fast): K tiles of every kind (f16, int, rotated,
+    // QJL signs), V rows of each width (a rotor V's 72 values padded to 96), GQA 1 to 8, rows
+    // ending inside a token's heads, several tiles and splits, segments, a wrapped ring.
+    let fast = |s: CacheSpec| s.with_prefill_from(1).with_precision(Precision::Fast);
+    for (i, (gpu, units)) in matrix_contexts().into_iter().enumerate() {
+        let served = |s: &CacheSpec| {
+            let c = KvCache::new(&gpu, s.clone()).expect("cache");
+            let got = c.kernel_config().matrix;
+            // (2 F rows a workgroup, or F where those tiles do not fit the adapter.)
+            let rows = got.map_or(0, |m| m.rows);
+            assert_eq!(got, Some(MatrixUnits { rows, ..units }), "{}", s.codecs.name());
+            got.unwrap()
+        };
+        let shapes = [
+            (fast(spec("none", 64, 8, 2, 3, 300)), 1, vec![8, 129]),
+            (fast(segmented(spec("q4_sym", 128, 2, 2, 1, 400))), 95, vec![64, 3]),
+            (fast(spec("turbo3_sym", 96, 7, 1, 1, 300)), 40, vec![17, 64]),
+            (fast(spec("k_q8", 64, 2, 1, 1, 4800)), 40, vec![600]),
+            (fast(spec("k=rotor3,v=rotor3", 64, 4, 2, 2, 300)), 70, vec![20]),
+            (fast(spec("k_turbo3+qjl", 64, 8, 1, 1, 200)), 10, vec![9]),
+            (
+                fast(spec("k_iso4", 128, 4, 4, 1, 160).with_window(100)),
+                170,
+                vec![40],
+            ),
+        ];
+        // (Emulated fragments of 8 on the first two shapes: their compiles are lavapipe's.)
+        let take = if units.emulated && i > 0 { 2 } else { shapes.len() };
+        for (s, prefix, chunks) in shapes.into_iter().take(take) {
+            let got = served(&s);
+            eprintln!("matrix units {got:?}: {} d={}", s.codecs.name(), s.head_dim);
+            check_on(&gpu, s, prefix, &chunks);
+        }
+    }
 }
 
 /// Mean over query rows of the relative L2 error of a prefill-kernel chunk of `n` tokens

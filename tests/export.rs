@@ -43,6 +43,7 @@ fn configs() -> Vec<KernelConfig> {
                 exact: Default::default(),
                 baked_shape: &[],
                 precision: kvq::Precision::Exact,
+                matrix: None,
             });
         }
     }

@@ -75,6 +75,7 @@ fn configs() -> Vec<KernelConfig> {
                     0 => kvq::Precision::Exact,
                     _ => kvq::Precision::Fast,
                 },
+                matrix: None,
             });
         }
     }

@@ -63,7 +63,14 @@ impl KvCache {
     pub fn new(ctx: &GpuContext, spec: CacheSpec) -> Result<KvCache> {
         let device = &ctx.device;
         let f16 = ctx.capabilities().f16;
-        let plan = plan::plan(&spec, &device.limits(), ctx.tuning(), &ctx.info.name, f16)?;
+        let plan = plan::plan(
+            &spec,
+            &device.limits(),
+            ctx.tuning(),
+            &ctx.info.name,
+            f16,
+            ctx.matrix_units(),
+        )?;
         let pipes = Pipelines::new(
             device,
             ctx.kernels(),

@@ -63,6 +63,7 @@ pub(super) fn plan(
     tuning: &DeviceTuning,
     adapter: &str,
     f16: bool,
+    matrix: Option<crate::MatrixUnits>,
 ) -> Result<Plan> {
     spec.validate()?;
     let too_weak = |what: String, needed: u64, have: u64| KvqError::AdapterTooWeak {
@@ -73,7 +74,7 @@ pub(super) fn plan(
     };
     let max_binding = max_binding(limits);
     let mut layout = segment(spec, max_binding, tuning, adapter)?;
-    let cfg = KernelConfig {
+    let mut cfg = KernelConfig {
         head_dim: spec.head_dim,
         gqa: spec.gqa(),
         kv_heads: spec.kv_heads,
@@ -96,6 +97,7 @@ pub(super) fn plan(
             true => spec.precision.resolve(&spec.codecs),
             false => Precision::Exact,
         },
+        matrix: None,
     };
     // GPU codecs, the shape rules (again, for what the tuning chose) and every count.
     cfg.check()?;
@@ -109,6 +111,24 @@ pub(super) fn plan(
     };
     let what = "max_compute_workgroup_storage_size";
     fits_workgroup(what, cfg.split_workgroup_bytes()?)?;
+    // The prefill kernel on matrix units where the context has them and that kernel serves
+    // the cache within the adapter's workgroup memory; else the FP32 / packed-f16 one.
+    // (Its rows as the context says, else one row fragment, whose tiles take about half.)
+    let candidates = matrix.into_iter().flat_map(|m| {
+        [m.rows, m.fragment].map(|rows| crate::MatrixUnits { rows, ..m })
+    });
+    for m in candidates {
+        let with = KernelConfig {
+            matrix: Some(m),
+            ..cfg.clone()
+        };
+        if with.matrix_tile().is_some()
+            && with.prefill_workgroup_bytes()? <= limits.max_compute_workgroup_storage_size
+        {
+            cfg = with;
+            break;
+        }
+    }
     // The prefill kernel where the cache asks for it and it serves the cache.
     if let (Some(rows), Some(from)) = (
         cfg.prefill_rows(),
@@ -273,7 +293,7 @@ mod tests {
     #[test]
     fn one_segment_takes_the_tunings_splits_and_workgroup() {
         let spec = llama3_8b(4096);
-        let p = plan(&spec, &limits(), big_gpu(), "test", false).unwrap();
+        let p = plan(&spec, &limits(), big_gpu(), "test", false, None).unwrap();
         assert_eq!(p.layout.segments, 1);
         assert_eq!(p.layout.segment_tokens, 4096);
         assert_eq!(p.layout.splits, 64);
@@ -293,10 +313,10 @@ mod tests {
         );
         assert_eq!(p.constants, p.cfg.constants(spec.seed));
         // Other tunings, same storage.
-        let cpu = plan(&spec, &limits(), &CPU_DRIVER, "test", false).unwrap();
+        let cpu = plan(&spec, &limits(), &CPU_DRIVER, "test", false, None).unwrap();
         assert_eq!(cpu.layout.splits, 4);
         assert_eq!(cpu.layout.segments, 1);
-        let other = plan(&spec, &limits(), &UNMEASURED, "test", false).unwrap();
+        let other = plan(&spec, &limits(), &UNMEASURED, "test", false, None).unwrap();
         assert_eq!(other.layout.splits, 7);
     }
 
@@ -305,13 +325,13 @@ mod tests {
         let mut spec = llama3_8b(4096).with_splits(5);
         spec.workgroup = Some(256);
         for t in [big_gpu(), &CPU_DRIVER, &UNMEASURED] {
-            let p = plan(&spec, &limits(), t, "test", false).unwrap();
+            let p = plan(&spec, &limits(), t, "test", false, None).unwrap();
             assert_eq!((p.layout.splits, p.cfg.workgroup), (5, 256), "{}", t.name);
         }
         // Without a split count, a wider workgroup halves the resident grid.
         spec.splits = None;
         assert_eq!(
-            plan(&spec, &limits(), big_gpu(), "t", false)
+            plan(&spec, &limits(), big_gpu(), "t", false, None)
                 .unwrap()
                 .layout
                 .splits,
@@ -327,11 +347,11 @@ mod tests {
             ..limits()
         };
         let spec = CacheSpec::new(1, 1, 1, 32, 640).with_splits(1);
-        let p = plan(&spec, &small, big_gpu(), "test", false).unwrap();
+        let p = plan(&spec, &small, big_gpu(), "test", false, None).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (10, 64));
         let mut spec = llama3_8b(4096);
         spec.segment_tokens = Some(32);
-        let p = plan(&spec, &limits(), big_gpu(), "test", false).unwrap();
+        let p = plan(&spec, &limits(), big_gpu(), "test", false, None).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (128, 32));
         // 128 segments: at most 1024 / 128 - 1 = 7 splits each besides the step's.
         assert_eq!(p.layout.splits, 7);
@@ -339,13 +359,13 @@ mod tests {
         // A segment size of the spec's own is rounded down to whole K blocks.
         let mut spec = llama3_8b(1000);
         spec.segment_tokens = Some(100);
-        let p = plan(&spec, &limits(), big_gpu(), "test", false).unwrap();
+        let p = plan(&spec, &limits(), big_gpu(), "test", false, None).unwrap();
         assert_eq!((p.layout.segments, p.layout.segment_tokens), (11, 96));
         assert_eq!(p.layout.splits, 64);
         // A capacity that fits one segment is not rounded.
         spec.segment_tokens = Some(1000);
         assert_eq!(
-            plan(&spec, &limits(), big_gpu(), "t", false)
+            plan(&spec, &limits(), big_gpu(), "t", false, None)
                 .unwrap()
                 .layout
                 .segment_tokens,
@@ -360,7 +380,7 @@ mod tests {
             ..limits()
         };
         // Less than 32 tokens of every head in a binding.
-        match plan(&llama3_8b(4096), &tiny(32 << 10), big_gpu(), "gpu", false) {
+        match plan(&llama3_8b(4096), &tiny(32 << 10), big_gpu(), "gpu", false, None) {
             Err(KvqError::AdapterTooWeak {
                 adapter,
                 needed,
@@ -375,7 +395,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Not even one token.
-        match plan(&llama3_8b(4096), &tiny(1024), big_gpu(), "gpu", false) {
+        match plan(&llama3_8b(4096), &tiny(1024), big_gpu(), "gpu", false, None) {
             Err(KvqError::AdapterTooWeak { needed, .. }) => assert_eq!(needed, 2048),
             other => panic!("{other:?}"),
         }
@@ -383,7 +403,7 @@ mod tests {
         let mut spec = llama3_8b(32 * 513);
         spec.segment_tokens = Some(32);
         assert!(matches!(
-            plan(&spec, &limits(), big_gpu(), "gpu", false),
+            plan(&spec, &limits(), big_gpu(), "gpu", false, None),
             Err(KvqError::InvalidSpec(_))
         ));
         // The split kernel's workgroup memory.
@@ -392,7 +412,7 @@ mod tests {
             ..limits()
         };
         assert!(matches!(
-            plan(&llama3_8b(4096), &no_wg_memory, big_gpu(), "gpu", false),
+            plan(&llama3_8b(4096), &no_wg_memory, big_gpu(), "gpu", false, None),
             Err(KvqError::AdapterTooWeak { .. })
         ));
         // A spec the checks refuse, and a codec with no GPU kernels.
@@ -402,13 +422,14 @@ mod tests {
                 &limits(),
                 big_gpu(),
                 "gpu",
-                false
+                false,
+                None
             ),
             Err(KvqError::InvalidSpec(_))
         ));
         let qjl_only = llama3_8b(64).with_codecs(KvCodecs::parse("k_turbo0+qjl").unwrap());
         assert!(matches!(
-            plan(&qjl_only, &limits(), big_gpu(), "gpu", false),
+            plan(&qjl_only, &limits(), big_gpu(), "gpu", false, None),
             Err(KvqError::InvalidSpec(_))
         ));
     }

@@ -66,6 +66,12 @@ pub struct KernelConfig {
     /// built by hand may say `Auto`, which these kernels resolve as a cache does
     /// ([`crate::Precision::resolve`]); `Fast` kernels need `shader-f16`.
     pub precision: crate::spec::Precision,
+    /// The matrix units the chunk module's prefill kernel puts its products on
+    /// (`wgsl/kernels/prefill_matrix.wgsl`), or `None`: FP32 and packed-f16 lanes. A cache
+    /// takes its context's ([`crate::GpuContext::matrix_units`]) where its products are
+    /// `Fast`, it keeps no exact tokens and the kernel's tile fits the adapter's workgroup
+    /// memory.
+    pub matrix: Option<crate::MatrixUnits>,
 }
 
 impl KernelConfig {
@@ -274,6 +280,9 @@ impl KernelConfig {
         defines.switch("ENCODE", module.encodes());
         defines.switch("IN_F16", module.input() == Some(InputType::F16));
         defines.switch("CHUNK", module == KernelModule::Chunk);
+        let matrix = self.matrix.filter(|_| module == KernelModule::Chunk);
+        defines.switch("MM", matrix.is_some());
+        defines.switch("MMN", matrix.is_some_and(|m| !m.emulated));
         // The prefill kernel's tile and products only where it is (the chunk module): the
         // other modules' text, and so the kernels a driver compiles and caches for them, is
         // the same whatever the precision.
@@ -283,6 +292,12 @@ impl KernelConfig {
             defines.constant("PH", Value::Bool(half));
             if half {
                 defines.enable("f16");
+            }
+            if let Some(m) = matrix {
+                self.matrix_defines(&mut defines, m)?;
+                if !m.emulated {
+                    defines.enable("wgpu_cooperative_matrix");
+                }
             }
         }
         preprocess::assemble(module.root(), &defines)
@@ -545,6 +560,7 @@ pub(super) mod tests {
             exact: Default::default(),
             baked_shape: &[],
             precision: crate::spec::Precision::Exact,
+            matrix: None,
         }
     }
 

@@ -77,20 +77,34 @@ pub(crate) fn poison_workgroup_memory(src: &str) -> Result<String> {
                 .as_deref()
                 .ok_or_else(|| err("unnamed variable".into()))?;
             let unsupported = || err(format!("workgroup variable {name} has an unsupported type"));
-            match module.types[var.ty].inner {
-                TypeInner::Array {
-                    base,
-                    size: ArraySize::Constant(n),
-                    ..
-                } => {
-                    let v = poison_value(&module.types, base).ok_or_else(unsupported)?;
-                    body += &format!(
-                        "    for (var kvq_i = {lid}; kvq_i < {n}u; kvq_i += {threads}u) {{ {name}[kvq_i] = {v}; }}\n"
-                    );
-                }
-                _ => {
-                    let v = poison_value(&module.types, var.ty).ok_or_else(unsupported)?;
-                    body += &format!("    if {lid} == 0u {{ {name} = {v}; }}\n");
+            // A struct's members one by one (the matrix kernels' f16 tiles behind an aligning
+            // vec4), else the variable itself.
+            let parts: Vec<(String, Handle<Type>)> = match &module.types[var.ty].inner {
+                TypeInner::Struct { members, .. } => members
+                    .iter()
+                    .map(|m| {
+                        let member = m.name.as_deref().ok_or_else(unsupported)?;
+                        Ok((format!("{name}.{member}"), m.ty))
+                    })
+                    .collect::<Result<_>>()?,
+                _ => vec![(name.to_string(), var.ty)],
+            };
+            for (place, ty) in parts {
+                match module.types[ty].inner {
+                    TypeInner::Array {
+                        base,
+                        size: ArraySize::Constant(n),
+                        ..
+                    } => {
+                        let v = poison_value(&module.types, base).ok_or_else(unsupported)?;
+                        body += &format!(
+                            "    for (var kvq_i = {lid}; kvq_i < {n}u; kvq_i += {threads}u) {{ {place}[kvq_i] = {v}; }}\n"
+                        );
+                    }
+                    _ => {
+                        let v = poison_value(&module.types, ty).ok_or_else(unsupported)?;
+                        body += &format!("    if {lid} == 0u {{ {place} = {v}; }}\n");
+                    }
                 }
             }
         }

@@ -57,7 +57,114 @@ pub(crate) const PREFILL_KV_BYTES_F16: u32 = 8192;
 /// coordinates, in two f16 lanes of 16) and 16 V rows.
 pub(crate) const PREFILL_F16_SUM: u32 = 16;
 
+/// The matrix prefill kernel's tile (`wgsl/kernels/prefill_matrix.wgsl`) for one
+/// configuration ([`KernelConfig::matrix_tile`]): 4 subgroups, 2 or 1 × 2 fragments of scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MatrixTile {
+    /// Fragment size F (`MF`).
+    pub fragment: u32,
+    /// Query rows of a workgroup, 2 F or F (`MR`).
+    pub rows: u32,
+    /// Keys of a tile, 2 F (`MT`).
+    pub keys: u32,
+    /// K coordinates decoded into the tile at a time (`MKP`): a divisor of the query row.
+    pub k_pass: u32,
+    /// V values of a row decoded into the tile at a time (`MVB`): a divisor of the value row
+    /// padded (`PVM`, the padding's values zeros) to a multiple of [`MatrixTile::v_unit`].
+    pub v_block: u32,
+    /// The padded value row (`PVM`).
+    pub v_padded: u32,
+}
+
+impl MatrixTile {
+    /// What a V block's width is a multiple of: 32, and 4 F / MRF, so that the 4 subgroups
+    /// take whole output fragments of a block.
+    fn v_unit(fragment: u32, rows: u32) -> u32 {
+        (4 * fragment * fragment / rows).max(32)
+    }
+}
+
+/// Widths a K pass or a V block of the matrix tile may take, widest first: each a multiple of
+/// both fragment sizes and of 32 (so the per-invocation load counts come out whole).
+const MATRIX_PASSES: [u32; 4] = [128, 96, 64, 32];
+
 impl KernelConfig {
+    /// The matrix prefill kernel's tile with fragments of `fragment`, or `None` where that
+    /// kernel does not serve this configuration: products other than f16
+    /// ([`crate::Precision::Fast`]), exact tokens (their own loop stays in the FP32 kernel), or
+    /// query or value rows no pass width divides.
+    pub(crate) fn matrix_tile_for(&self, m: crate::MatrixUnits) -> Option<MatrixTile> {
+        let f = m.fragment;
+        if !self.half_products() || self.exact.any() || ![f, 2 * f].contains(&m.rows) {
+            return None;
+        }
+        let unit = MatrixTile::v_unit(f, m.rows);
+        let v_padded = self.partial_width().next_multiple_of(unit);
+        let widest = |w: u32, unit: u32| {
+            MATRIX_PASSES
+                .into_iter()
+                .find(|p| p.is_multiple_of(unit) && w.is_multiple_of(*p))
+        };
+        Some(MatrixTile {
+            fragment: f,
+            rows: m.rows,
+            keys: 2 * f,
+            k_pass: widest(self.prefill_tile().query_width, 32)?,
+            v_block: widest(v_padded, unit)?,
+            v_padded,
+        })
+    }
+
+    /// The matrix prefill kernel's tile where this configuration has matrix units
+    /// ([`KernelConfig::matrix`]) and the kernel serves it.
+    pub(crate) fn matrix_tile(&self) -> Option<MatrixTile> {
+        self.matrix.and_then(|m| self.matrix_tile_for(m))
+    }
+
+    /// The matrix prefill kernel's tile as WGSL constants; an error where it does not serve
+    /// this configuration (a cache sets [`KernelConfig::matrix`] only where it does).
+    pub(super) fn matrix_defines(&self, h: &mut Defines, m: crate::MatrixUnits) -> Result<()> {
+        let t = self.matrix_tile_for(m).ok_or_else(|| {
+            crate::error::KvqError::InvalidSpec(format!(
+                "the matrix prefill kernel does not serve {} at head_dim {} with {:?} products and {:?}",
+                crate::codec::KvCodecs { k: self.k, v: self.v }.name(),
+                self.head_dim,
+                self.precision,
+                self.exact
+            ))
+        })?;
+        let lanes = PREFILL_ROW_GROUPS * PREFILL_LANES;
+        let (f, rows, keys) = (t.fragment, t.rows, t.keys);
+        let pv = self.partial_width();
+        let pvm = t.v_padded;
+        let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
+        c("MF", f);
+        c("MR", rows);
+        c("MRF", rows / f);
+        c("MSK", 2 * f / rows);
+        c("MT", keys);
+        c("MKP", t.k_pass);
+        c("MVB", t.v_block);
+        c("PV", pv);
+        c("PVM", pvm);
+        // Rows of the f16 tiles padded by 8 values, of the f32 ones by 4.
+        c("MQS", self.prefill_tile().query_width + 8);
+        c("MKS", t.k_pass.max(t.v_block) + 8);
+        c("MPS", keys + 8);
+        c("MSS", keys + 4);
+        c("MOS", pvm + 4);
+        // Per invocation: K vec4s and V slots (8 values) it loads per pass or block; scores
+        // it sums where the products are emulated; then lanes per softmax row, keys per lane,
+        // and output fragments per subgroup of a V block.
+        c("MLK", (keys * t.k_pass / 4).div_ceil(lanes));
+        c("MLV", (keys * t.v_block / 8).div_ceil(lanes));
+        c("ME", rows * keys / lanes);
+        c("ML", lanes / rows);
+        c("MKL", keys / (lanes / rows));
+        c("MOF", (rows / f) * (t.v_block / f) / 4);
+        Ok(())
+    }
+
     /// Values of the prefill kernel's K/V tile (`PKV`): [`PREFILL_KV_BYTES`] of f32, or of
     /// f16 with f16 products (twice as many: a K pass then covers 32 coordinates, whose
     /// products are summed in f16 16 at a time before they are added into f32).
@@ -133,10 +240,13 @@ impl KernelConfig {
         c("PF16_SUM", PREFILL_F16_SUM);
     }
 
-    /// Query rows of one prefill workgroup, or `None` where the prefill kernel does not
-    /// serve this cache: a query row too wide for one row per row group (a QJL K beside a
-    /// rotor side at head_dim 256).
+    /// Query rows of one prefill workgroup (the matrix kernel's where [`KernelConfig::matrix`]
+    /// is set), or `None` where the prefill kernel does not serve this cache: a query row too
+    /// wide for one row per row group (a QJL K beside a rotor side at head_dim 256).
     pub(crate) fn prefill_rows(&self) -> Option<u32> {
+        if let Some(m) = self.matrix_tile() {
+            return Some(m.rows);
+        }
         let t = self.prefill_tile();
         (t.rows_per_group > 0).then_some(PREFILL_ROW_GROUPS * t.rows_per_group)
     }
@@ -209,6 +319,66 @@ mod tests {
                         assert!(codecs.contains("qjl") && codecs.contains("rotor") && d == 256);
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn matrix_kernels_assemble_and_validate_for_every_codec_kind() {
+        // naga parses and validates the chunk module with the matrix prefill kernel (hardware
+        // fragments of 16 and 8, and emulated), and its workgroup memory is what the tile says.
+        for codecs in [
+            "none",
+            "q8_sym",
+            "k_q4",
+            "turbo3_sym",
+            "k_iso3",
+            "rotor3_sym",
+            "k_turbo3+qjl",
+        ] {
+            for (d, g) in [(64, 1), (96, 7), (128, 4), (256, 8)] {
+                for (fragment, emulated, rows) in [
+                    (16, false, 32),
+                    (16, false, 16),
+                    (8, false, 16),
+                    (16, true, 32),
+                    (16, true, 16),
+                    (8, true, 8),
+                ] {
+                    let mut c = cfg(codecs, d);
+                    c.gqa = g;
+                    c.precision = Precision::Fast;
+                    let units = crate::MatrixUnits {
+                        fragment,
+                        emulated,
+                        rows,
+                    };
+                    c.matrix = Some(units);
+                    let what = format!("{codecs} d={d} {units:?}");
+                    let t = c.matrix_tile().unwrap_or_else(|| panic!("{what}: not served"));
+                    assert_eq!(c.prefill_rows(), Some(rows));
+                    // Whole output fragments for each subgroup of a V block.
+                    assert!((rows / fragment * t.v_block / fragment).is_multiple_of(4), "{what}");
+                    let b = c
+                        .prefill_workgroup_bytes()
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let qw = c.prefill_tile().query_width;
+                    let f16s = rows * (qw + 8)
+                        + t.keys * (t.k_pass.max(t.v_block) + 8)
+                        + rows * (t.keys + 8);
+                    let f32s = (2 * fragment / rows) * rows * (t.keys + 4)
+                        + rows * (t.v_padded + 4)
+                        + PREFILL_ROW_GROUPS * PREFILL_LANES;
+                    assert!(b >= 16 + 2 * f16s + 4 * f32s, "{what}: {b} bytes");
+                    if rows == fragment && d == 128 && !codecs.contains("qjl") {
+                        // One row fragment fits Apple's 32 KiB at head_dim 128.
+                        assert!(b <= 32 * 1024, "{what}: {b} bytes");
+                    }
+                }
+                // Exact products and exact tokens keep the FP32 kernel.
+                let mut c = cfg(codecs, d);
+                c.matrix = Some(crate::MatrixUnits::new(16, true));
+                assert_eq!(c.matrix_tile(), None);
             }
         }
     }

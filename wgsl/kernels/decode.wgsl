@@ -32,6 +32,9 @@ fn commit_step(b: u32, len: u32) {}
 #if CHUNK
 #include "kernels/attention.wgsl" scores=tile_sh weights=tile_sh lanes=tile_sh
 #include "kernels/prefill.wgsl"
+#if MM
+#include "kernels/prefill_matrix.wgsl"
+#endif
 #else
 #include "kernels/attention.wgsl" scores=s_sh weights=p_sh lanes=comb
 #endif

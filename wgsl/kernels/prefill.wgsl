@@ -211,6 +211,8 @@ fn prefill_v_store(x: u32, v: array<pf4, 2>, xw: bool) {
     }
 }
 
+// (With matrix units, MM, kernels/prefill_matrix.wgsl's `prefill` takes this one's place.)
+#if !MM
 // Dispatch (KVH * B, chunk.splits + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
 // the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
 // positions the tile's rows attend in this segment (whole 64-key tiles), each row masked to
@@ -402,3 +404,4 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     if ri$i < rows && tk + $uu * PTK < vw4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
     if ri$i < rows && tk == 0u { part[part_ml + at$i] = vec4<f32>(m$i, lt[$iu], 0.0, 0.0); }
 }
+#endif
