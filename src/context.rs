@@ -372,7 +372,10 @@ impl GpuContext {
                 needed: 1,
                 have: 0,
             };
-            if !MATRIX_FRAGMENTS.contains(&u.fragment) || ![1, 2].contains(&(u.rows / u.fragment)) || u.rows % u.fragment != 0 {
+            if !MATRIX_FRAGMENTS.contains(&u.fragment)
+                || ![1, 2].contains(&(u.rows / u.fragment))
+                || u.rows % u.fragment != 0
+            {
                 return Err(too_weak(format!(
                     "matrix fragments of {0}x{0} and {1} rows a workgroup (kvq's are 16x16 or 8x8, F or 2 F rows)",
                     u.fragment, u.rows

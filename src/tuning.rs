@@ -200,7 +200,7 @@ pub struct DeviceTuning {
     /// How a chunk slice's splits follow from its size.
     pub chunk_splits: ChunkSplitRule,
     /// The cache's shape numbers this device's kernels keep baked into their text, by their
-    /// WGSL names (`B`, `CAP`, `WIN`, `RING`, `LAYERS`, `KVH`, `QH`, `NSPLIT`,
+    /// WGSL names (`NB`, `CAP`, `WIN`, `RING`, `LAYERS`, `KVH`, `QH`, `NSPLIT`,
     /// `SPLITS_TOTAL`, `PSLOTS`, `MIN_CHUNK`, `CST`, `KMU`, `SCALE`); the others are read
     /// from uniforms at run time. A baked number makes caches that differ in it compile
     /// kernels of their own; a uniform one may cost the kernels time. Empty: every number
@@ -219,12 +219,12 @@ pub struct DeviceTuning {
 /// The shape numbers whose move from the kernels' text to uniforms cost more than 2 % of a
 /// decode step or a chunk somewhere on an H100 SXM (qwen3-8b, `none`, `q4_sym`,
 /// `turbo3_sym`, `k_iso3` at 4k and 32k, steps and chunks of 4 and 512; BENCHMARKS.md, "One
-/// compile per kernel"): `B`, `CAP` and `LAYERS` up to 4 % of a 4k step, `WIN` and `RING` up
+/// compile per kernel"): `NB`, `CAP` and `LAYERS` up to 4 % of a 4k step, `WIN` and `RING` up
 /// to 5 % of a chunk, `KVH` and `QH` up to 6 % of a chunk of 4, the split counts up to 4 % of
 /// a 4k step; `CST`, `KMU` and `SCALE` within ±1 %. There a kernel compiles in about 0.4 s,
 /// so a cache of another size pays that once rather than the step's time at every step.
 pub const BAKED_ON_NVIDIA: &[&str] = &[
-    "B",
+    "NB",
     "CAP",
     "LAYERS",
     "WIN",

@@ -635,7 +635,7 @@ fn caches_of_other_sizes_compile_nothing_new() {
         return;
     }
     let baked = gpu.tuning().baked_shape;
-    if ["B", "CAP", "WIN", "RING"]
+    if ["NB", "CAP", "WIN", "RING"]
         .iter()
         .any(|n| baked.contains(n))
     {

@@ -5,9 +5,7 @@
 mod common;
 
 use common::{Rng, ctx, reference_over_rows, rel_err, storage_buffer};
-use kvq::{
-    CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MatrixUnits, Precision,
-};
+use kvq::{CacheSpec, GpuContext, InputType, KvCache, KvCodecs, KvqError, MatrixUnits, Precision};
 
 const TOL: f64 = 1e-3;
 
@@ -525,7 +523,10 @@ fn matrix_contexts() -> Vec<(GpuContext, MatrixUnits)> {
         .into_iter()
         .map(|fragment| {
             let units = MatrixUnits::new(fragment, true);
-            let gpu = ctx().clone().with_matrix_units(Some(units)).expect("emulated");
+            let gpu = ctx()
+                .clone()
+                .with_matrix_units(Some(units))
+                .expect("emulated");
             (gpu, units)
         })
         .collect()
@@ -543,15 +544,28 @@ fn prefill_kernel_on_matrix_units_matches_the_reference() {
             let got = c.kernel_config().matrix;
             // (2 F rows a workgroup, or F where those tiles do not fit the adapter.)
             let rows = got.map_or(0, |m| m.rows);
-            assert_eq!(got, Some(MatrixUnits { rows, ..units }), "{}", s.codecs.name());
+            assert_eq!(
+                got,
+                Some(MatrixUnits { rows, ..units }),
+                "{}",
+                s.codecs.name()
+            );
             got.unwrap()
         };
         let shapes = [
             (fast(spec("none", 64, 8, 2, 3, 300)), 1, vec![8, 129]),
-            (fast(segmented(spec("q4_sym", 128, 2, 2, 1, 400))), 95, vec![64, 3]),
+            (
+                fast(segmented(spec("q4_sym", 128, 2, 2, 1, 400))),
+                95,
+                vec![64, 3],
+            ),
             (fast(spec("turbo3_sym", 96, 7, 1, 1, 300)), 40, vec![17, 64]),
             (fast(spec("k_q8", 64, 2, 1, 1, 4800)), 40, vec![600]),
-            (fast(spec("k=rotor3,v=rotor3", 64, 4, 2, 2, 300)), 70, vec![20]),
+            (
+                fast(spec("k=rotor3,v=rotor3", 64, 4, 2, 2, 300)),
+                70,
+                vec![20],
+            ),
             (fast(spec("k_turbo3+qjl", 64, 8, 1, 1, 200)), 10, vec![9]),
             (
                 fast(spec("k_iso4", 128, 4, 4, 1, 160).with_window(100)),
@@ -560,7 +574,11 @@ fn prefill_kernel_on_matrix_units_matches_the_reference() {
             ),
         ];
         // (Emulated fragments of 8 on the first two shapes: their compiles are lavapipe's.)
-        let take = if units.emulated && i > 0 { 2 } else { shapes.len() };
+        let take = if units.emulated && i > 0 {
+            2
+        } else {
+            shapes.len()
+        };
         for (s, prefix, chunks) in shapes.into_iter().take(take) {
             let got = served(&s);
             eprintln!("matrix units {got:?}: {} d={}", s.codecs.name(), s.head_dim);

@@ -174,3 +174,113 @@ fn kernels_use_no_subgroup_builtins() {
         }
     }
 }
+
+/// The chunk module with the prefill kernel on matrix units, as kvq assembles it for hardware
+/// fragments of 16 (NVIDIA) and 8 (Apple), two row fragments a workgroup and one, and emulated:
+/// naga validates it (cooperative matrices, subgroups, f16), writes SPIR-V 1.6 (checked by
+/// spirv-val where it knows SPV_KHR_cooperative_matrix), and MSL for the 8×8 fragments, the
+/// only ones naga writes to Metal (simdgroup matrices). The emulated kernels go to every backend.
+#[test]
+fn matrix_kernels_translate() {
+    let mut checked = 0;
+    for codecs in [
+        "none",
+        "q4_sym",
+        "turbo3_sym",
+        "k_turbo3+qjl",
+        "k=rotor3b,v=iso4",
+    ] {
+        let c = kvq::KvCodecs::parse(codecs).unwrap();
+        for (fragment, rows, emulated) in [
+            (16, 32, false),
+            (16, 16, false),
+            (8, 16, false),
+            (8, 8, false),
+            (16, 32, true),
+        ] {
+            let d = if codecs == "none" { 64 } else { 128 };
+            let cfg = KernelConfig {
+                head_dim: d,
+                gqa: 4,
+                kv_heads: 2,
+                batch: 2,
+                capacity: 4096,
+                layers: 2,
+                splits: 8,
+                max_splits: 8,
+                segments: 2,
+                min_chunk: 32,
+                window: None,
+                scale: 1.0 / (d as f32).sqrt(),
+                workgroup: 128,
+                k: c.k,
+                v: c.v,
+                exact: Default::default(),
+                // NVIDIA's kernels with its shape numbers baked (constants named as WGSL
+                // names nothing else), the others reading them from uniforms.
+                baked_shape: match fragment {
+                    16 => kvq::tuning::BAKED_ON_NVIDIA,
+                    _ => &[],
+                },
+                precision: kvq::Precision::Fast,
+                matrix: Some(kvq::MatrixUnits {
+                    fragment,
+                    emulated,
+                    rows,
+                }),
+            };
+            let name = format!("chunk {codecs} d={d} F={fragment} rows={rows} emulated={emulated}");
+            let src = cfg
+                .module_source(kvq::KernelModule::Chunk)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(src.contains("coopMultiplyAdd"), !emulated, "{name}");
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            let caps = Capabilities::COOPERATIVE_MATRIX
+                | Capabilities::SUBGROUP
+                | Capabilities::SHADER_FLOAT16
+                | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+            let info = Validator::new(ValidationFlags::all(), caps)
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            let stage = naga::ShaderStage::Compute;
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((stage, "prefill")),
+                &Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: overrides: {e}"));
+            let spv_opts = spv::Options {
+                lang_version: (1, 6),
+                ..Default::default()
+            };
+            let spv_pipe = spv::PipelineOptions {
+                shader_stage: stage,
+                entry_point: "prefill".into(),
+            };
+            let words = spv::write_vec(&module, &info, &spv_opts, Some(&spv_pipe))
+                .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+            if let Some((ok, said)) = common::spirv_val(&words, "vulkan1.3", &name) {
+                // 6022: CooperativeMatrixKHR, unknown to a spirv-val older than it.
+                let unknown = said.contains("Invalid capability operand: 6022");
+                assert!(ok || unknown, "spirv-val rejects {name}: {said}");
+            }
+            if fragment == 8 || emulated {
+                let msl_opts = msl::Options {
+                    lang_version: (2, 4),
+                    fake_missing_bindings: true,
+                    ..Default::default()
+                };
+                let msl_pipe = msl::PipelineOptions {
+                    entry_point: Some((stage, "prefill".into())),
+                    ..Default::default()
+                };
+                msl::write_string(&module, &info, &msl_opts, &msl_pipe)
+                    .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} matrix prefill kernels translated");
+}

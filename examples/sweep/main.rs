@@ -65,6 +65,11 @@ fn main() {
     let ctx = GpuContext::new()
         .unwrap_or_else(|e| fail(1, e))
         .with_shader_checks(args.shader_checks);
+    // Where the chunk kernels' products run (KVQ_MATRIX=off turns the matrix units off).
+    match ctx.matrix_units() {
+        Some(m) => eprintln!("matrix units: {m:?} (the prefill kernel of Fast caches)"),
+        None => eprintln!("matrix units: none"),
+    }
     let wait = args.wait_on(&ctx);
     let plan = Plan::new(&args, &ctx).unwrap_or_else(|e| fail(2, e));
     let started = Instant::now();

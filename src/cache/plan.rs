@@ -114,9 +114,9 @@ pub(super) fn plan(
     // The prefill kernel on matrix units where the context has them and that kernel serves
     // the cache within the adapter's workgroup memory; else the FP32 / packed-f16 one.
     // (Its rows as the context says, else one row fragment, whose tiles take about half.)
-    let candidates = matrix.into_iter().flat_map(|m| {
-        [m.rows, m.fragment].map(|rows| crate::MatrixUnits { rows, ..m })
-    });
+    let candidates = matrix
+        .into_iter()
+        .flat_map(|m| [m.rows, m.fragment].map(|rows| crate::MatrixUnits { rows, ..m }));
     for m in candidates {
         let with = KernelConfig {
             matrix: Some(m),
@@ -380,7 +380,14 @@ mod tests {
             ..limits()
         };
         // Less than 32 tokens of every head in a binding.
-        match plan(&llama3_8b(4096), &tiny(32 << 10), big_gpu(), "gpu", false, None) {
+        match plan(
+            &llama3_8b(4096),
+            &tiny(32 << 10),
+            big_gpu(),
+            "gpu",
+            false,
+            None,
+        ) {
             Err(KvqError::AdapterTooWeak {
                 adapter,
                 needed,
@@ -412,7 +419,14 @@ mod tests {
             ..limits()
         };
         assert!(matches!(
-            plan(&llama3_8b(4096), &no_wg_memory, big_gpu(), "gpu", false, None),
+            plan(
+                &llama3_8b(4096),
+                &no_wg_memory,
+                big_gpu(),
+                "gpu",
+                false,
+                None
+            ),
             Err(KvqError::AdapterTooWeak { .. })
         ));
         // A spec the checks refuse, and a codec with no GPU kernels.

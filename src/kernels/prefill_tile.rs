@@ -355,10 +355,15 @@ mod tests {
                     };
                     c.matrix = Some(units);
                     let what = format!("{codecs} d={d} {units:?}");
-                    let t = c.matrix_tile().unwrap_or_else(|| panic!("{what}: not served"));
+                    let t = c
+                        .matrix_tile()
+                        .unwrap_or_else(|| panic!("{what}: not served"));
                     assert_eq!(c.prefill_rows(), Some(rows));
                     // Whole output fragments for each subgroup of a V block.
-                    assert!((rows / fragment * t.v_block / fragment).is_multiple_of(4), "{what}");
+                    assert!(
+                        (rows / fragment * t.v_block / fragment).is_multiple_of(4),
+                        "{what}"
+                    );
                     let b = c
                         .prefill_workgroup_bytes()
                         .unwrap_or_else(|e| panic!("{what}: {e}"));

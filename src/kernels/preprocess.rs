@@ -394,8 +394,7 @@ fn emit(line: &str, unrolls: &[(String, u32)], out: &mut String) {
 }
 
 /// `line` with every use of a name read at run time ([`Value::Uniform`]) in its code (not in a
-/// `//` comment, not as a field after `.`, not as the role of a cooperative matrix type,
-/// `coop_mat16x16<f16, B>`) replaced by the name's WGSL expression.
+/// `//` comment, not as a field after `.`) replaced by the name's WGSL expression.
 fn read_uniforms(line: &str, uniforms: &[(&str, &'static str)]) -> String {
     if uniforms.is_empty() {
         return line.to_string();
@@ -413,11 +412,8 @@ fn read_uniforms(line: &str, uniforms: &[(&str, &'static str)]) -> String {
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(rest.len());
             let word = &rest[..end];
-            let role = rest[end..].starts_with('>')
-                && out.trim_end().ends_with(',')
-                && code.contains("coop_mat");
             match uniforms.iter().find(|(n, _)| *n == word) {
-                Some((_, expr)) if !after_dot && !role => out.push_str(expr),
+                Some((_, expr)) if !after_dot => out.push_str(expr),
                 _ => out.push_str(word),
             }
             rest = &rest[end..];

@@ -17,7 +17,7 @@ use super::preprocess::{Defines, Value};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub(crate) struct ShapeParams {
-    /// Sequences (`B`).
+    /// Sequences (`NB`).
     pub batch: u32,
     /// Slots per sequence (`CAP`).
     pub capacity: u32,
@@ -50,7 +50,7 @@ pub(crate) struct ShapeParams {
 /// Each shape number's name in the WGSL and the expression that reads it from the segment's
 /// params (`seg`, which every kernel module binds at group 0, binding 0).
 const READS: [(&str, &str); 14] = [
-    ("B", "seg.batch"),
+    ("NB", "seg.batch"),
     ("CAP", "seg.capacity"),
     ("WIN", "seg.window"),
     ("RING", "(seg.ring != 0u)"),

@@ -1,7 +1,7 @@
 // The append module: n new tokens' K and V into one layer's store, then that layer's lengths
 // advanced.
 //
-// Inputs are the caller's buffers, layout [B, n, KVH, D] (f32, or f16 packed two per u32),
+// Inputs are the caller's buffers, layout [NB, n, KVH, D] (f32, or f16 packed two per u32),
 // read through in_pair_k / in_pair_v (shared/input.wgsl).
 // Small n: one workgroup per sequence writes everything and then commits the length itself,
 // so a decode step's append is a single dispatch. Large n (prefill): many workgroups write,
@@ -19,7 +19,7 @@
 #endif
 
 @group(0) @binding(0) var<uniform> seg: Seg;
-// [LAYERS * B] lengths, then [LAYERS * B] overflow flags.
+// [LAYERS * NB] lengths, then [LAYERS * NB] overflow flags.
 @group(0) @binding(3) var<storage, read_write> lens: array<u32>;
 
 struct Input {
@@ -137,7 +137,7 @@ fn append_start(lid: u32, b: u32) -> u32 {
     return workgroupUniformLoad(&base_sh);
 }
 
-// Dispatch (1, B, 1).
+// Dispatch (1, NB, 1).
 @compute @workgroup_size(256)
 fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let b = wid.y;
@@ -166,7 +166,7 @@ fn append_small(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     }
 }
 
-// Dispatch (max(ceil(n*KVH*ROW_TASKS / (APPEND_WG * items)), ceil(n*KVH / coop_rows)), B, 1);
+// Dispatch (max(ceil(n*KVH*ROW_TASKS / (APPEND_WG * items)), ceil(n*KVH / coop_rows)), NB, 1);
 // nobody writes lengths here.
 @compute @workgroup_size(256)
 fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -198,7 +198,7 @@ fn append_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
     }
 }
 
-// Dispatch (1, B, 1) after every segment's append_wide.
+// Dispatch (1, NB, 1) after every segment's append_wide.
 @compute @workgroup_size(1)
 fn append_commit(@builtin(workgroup_id) wid: vec3<u32>) {
     advance_len(wid.y, lens[len_index(seg.layer, wid.y)], input.n);

@@ -21,7 +21,7 @@
 #unroll $p RP
 
 @group(0) @binding(0) var<uniform> seg: Seg;
-// Partials: [B, QH, PSLOTS, PV4] output vectors, then [B, QH, PSLOTS] vectors (max, sum, 0,
+// Partials: [NB, QH, PSLOTS, PV4] output vectors, then [NB, QH, PSLOTS] vectors (max, sum, 0,
 // 0): a slot per split (SPLITS_TOTAL), and with exact tokens one more for theirs.
 @group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 @group(1) @binding(0) var<storage, read> q_in: array<f32>;
@@ -45,7 +45,7 @@ struct ChunkSlice {
     _pad2: u32,
 }
 @group(1) @binding(2) var<uniform> chunk: ChunkSlice;
-// [B, nq, QH] log-sum-exps (a 16-byte stand-in where the io asks for none).
+// [NB, nq, QH] log-sum-exps (a 16-byte stand-in where the io asks for none).
 @group(1) @binding(3) var<storage, read_write> lse_out: array<f32>;
 
 // Splits per storage segment of this dispatch (the decode's NSPLIT, or the slice's).
@@ -82,7 +82,7 @@ const J: u32 = WG / VC;
 // Partials of one query per sequence; a slice of a chunk of `count` queries holds `count`
 // times as many, the (max, sum) pairs after all the output vectors.
 fn part_ml_at() -> u32 {
-    return B * QH * PSLOTS * PV4;
+    return NB * QH * PSLOTS * PV4;
 }
 
 // The scaled query of each row (a rotated K codec reads it from rot_sh).
@@ -135,7 +135,7 @@ fn row_head(i: u32) -> u32 {
     return (i / G) * QH + i % G;
 }
 
-// Offset in q_in of row i, the workgroup's first query being qb (of the [B, nq] queries).
+// Offset in q_in of row i, the workgroup's first query being qb (of the [NB, nq] queries).
 fn query_row(qb: u32, h: u32, i: u32) -> u32 {
     return (qb * QH + h * G + row_head(i)) * D;
 }
@@ -446,7 +446,7 @@ fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
 }
 #endif
 
-// Dispatch (KVH * B, NSPLIT + 1, 1) per segment, or (KVH * B, chunk.splits + 1, ceil(count / CQ)) for
+// Dispatch (KVH * NB, NSPLIT + 1, 1) per segment, or (KVH * NB, chunk.splits + 1, ceil(count / CQ)) for
 // a chunk's slice: the workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
 // and a short tail of the stored ones) come first in dispatch order, so they start first. A
 // chunk's nq new tokens per sequence are all appended already; z serves the slice's queries
@@ -459,7 +459,7 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
-    // The first query's row of the [B, nq] queries and of the slice's [B, count] partials,
+    // The first query's row of the [NB, nq] queries and of the slice's [NB, count] partials,
     // the workgroup's queries (nz), the tokens after its last one, and where the partials'
     // (max, sum) pairs start.
 #if CHUNK
@@ -735,7 +735,7 @@ fn rx_add(i: u32) -> f32 {
 #endif
 }
 
-// Dispatch (QH, B, 1), or (QH, B, count) for a chunk's slice: merges the partials of one query
+// Dispatch (QH, NB, 1), or (QH, NB, count) for a chunk's slice: merges the partials of one query
 // head into out[b, first + z, qh, :].
 // Thread (c, r) folds splits r, r+RL, ... of column vector c with the online-softmax rule; it
 // issues all its loads (each split's (max, sum) and output vector) before any math, so a pass
@@ -754,7 +754,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     }
     let qh = wid.x;
     let b = wid.y;
-    // The query's row of the slice's [B, count] partials and of the [B, nq] outputs (z: the
+    // The query's row of the slice's [NB, count] partials and of the [NB, nq] outputs (z: the
     // slice's query, as in split).
 #if CHUNK
     let pb = b * chunk.count + wid.z;

@@ -9,7 +9,7 @@
 #include "shared/exact.wgsl"
 #endif
 
-// [LAYERS * B] lengths, then [LAYERS * B] overflow flags, then the codec constants (cst).
+// [LAYERS * NB] lengths, then [LAYERS * NB] overflow flags, then the codec constants (cst).
 @group(0) @binding(3) var<storage, read> lens: array<u32>;
 
 // The attention kernels' step hooks, attend-only: no tokens are appended, nothing is

@@ -85,10 +85,10 @@ var<workgroup> pm_sh: array<vec4<f32>, PWG>;
 
 // Where a rotated K's rotated queries lie in the scratch: after the slice's partials.
 fn prefill_q_base() -> u32 {
-    return chunk.count * (part_ml_at() + B * QH * PSLOTS);
+    return chunk.count * (part_ml_at() + NB * QH * PSLOTS);
 }
 
-// Row of (sequence b, token z of the slice, query head qh) in the slice's [B, count, QH]
+// Row of (sequence b, token z of the slice, query head qh) in the slice's [NB, count, QH]
 // queries and partials.
 fn prefill_row(b: u32, z: u32, qh: u32) -> u32 {
     return (b * chunk.count + z) * QH + qh;
@@ -108,7 +108,7 @@ fn prefill_query(b: u32, h: u32, r: u32, c: u32, plain: bool) -> vec4<f32> {
     return vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
 }
 
-// Dispatch (KVH * B, 1, ceil(count / CQ)) per slice, before `prefill`, for a rotated K only:
+// Dispatch (KVH * NB, 1, ceil(count / CQ)) per slice, before `prefill`, for a rotated K only:
 // rotates the queries of CQ tokens (GR rows) as the split kernel does and stores them, with
 // QJL's S q, in the scratch.
 @compute @workgroup_size(WG)
@@ -213,7 +213,7 @@ fn prefill_v_store(x: u32, v: array<pf4, 2>, xw: bool) {
 
 // (With matrix units, MM, kernels/prefill_matrix.wgsl's `prefill` takes this one's place.)
 #if !MM
-// Dispatch (KVH * B, chunk.splits + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
+// Dispatch (KVH * NB, chunk.splits + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
 // the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
 // positions the tile's rows attend in this segment (whole 64-key tiles), each row masked to
 // its own causal end and window; with exact tokens, the codes up to each row's ring start,

@@ -3,7 +3,7 @@
 // them; the reduce kernel then commits the sequence length. One layer's step is thereby two
 // dispatches (split, reduce) instead of three (append, split, reduce).
 //
-// Inputs as for append: [B, n, KVH, D] in IN_T elements, read through in_pair_k/in_pair_v.
+// Inputs as for append: [NB, n, KVH, D] in IN_T elements, read through in_pair_k/in_pair_v.
 #include "shared/input.wgsl"
 #include "shared/common.wgsl"
 #include "shared/rotate.wgsl"
@@ -15,7 +15,7 @@
 #include "shared/exact.wgsl"
 #endif
 
-// [LAYERS * B] lengths, then [LAYERS * B] overflow flags, then the codec constants (cst).
+// [LAYERS * NB] lengths, then [LAYERS * NB] overflow flags, then the codec constants (cst).
 @group(0) @binding(3) var<storage, read_write> lens: array<u32>;
 
 @group(1) @binding(2) var<storage, read> k_in: array<IN_T>;

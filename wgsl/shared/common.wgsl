@@ -26,7 +26,7 @@ struct Seg {
     // Index of this segment's first split in the partials buffer.
     split_base: u32,
     // The cache's shape numbers, the same in every segment's params (src/kernels/shape.rs):
-    // the kernels name them B, CAP, WIN, RING, LAYERS, KVH, QH, NSPLIT, SPLITS_TOTAL, PSLOTS,
+    // the kernels name them NB, CAP, WIN, RING, LAYERS, KVH, QH, NSPLIT, SPLITS_TOTAL, PSLOTS,
     // MIN_CHUNK, CST, KMU and SCALE, and the preprocessor reads each from here, so that
     // caches differing only in them share one kernel text.
     batch: u32,
@@ -108,7 +108,7 @@ fn k_chunk(row: u32, w: u32) -> u32 {
 
 // Index of the length of (layer, sequence) in the lengths buffer; overflow flags follow them.
 fn len_index(layer: u32, b: u32) -> u32 {
-    return layer * B + b;
+    return layer * NB + b;
 }
 
 // The f32 value of the f16 nearest to x (ties to even), for 0 <= x <= 65504. Done in integer

@@ -5,15 +5,15 @@
 // codes. Only the first segment's dispatches touch them.
 //
 // They live after the V rows of the first segment's V buffer (a binding of their own would
-// pass WebGPU's 8 storage buffers a stage in the fused step): [B] exact_lo (the oldest
+// pass WebGPU's 8 storage buffers a stage in the fused step): [NB] exact_lo (the oldest
 // position the ring still holds since a truncate cut the sequence back, KvCache::truncate;
 // every segment's V buffer ends with a copy, which its splits read), then K's rows, then
-// V's, each [B, KVH, XE, D / 2] f16 pairs. Position p lives in slot p
+// V's, each [NB, KVH, XE, D / 2] f16 pairs. Position p lives in slot p
 // below SINK, else in the ring slot SINK + (p - SINK) % XRING.
 
 // Word i of the region in V's store: after this segment's V rows.
 fn x_word(i: u32) -> u32 {
-    return B * KVH * seg.seg_tokens * V_WORDS + i;
+    return NB * KVH * seg.seg_tokens * V_WORDS + i;
 }
 
 // u32 word i of the region (V's store is vec2<u32> for f16 rows, else u32).
@@ -29,7 +29,7 @@ fn x_at(i: u32) -> u32 {
 const XE: u32 = SINK + XRING;
 // Words from a K row to the same slot's V row.
 fn xv() -> u32 {
-    return B * KVH * XE * (D / 2u);
+    return NB * KVH * XE * (D / 2u);
 }
 
 // (Without a ring, a position past the sink reads the last sink row: the attention kernels
@@ -47,7 +47,7 @@ fn x_slot(p: u32) -> u32 {
 
 // First word of position p's K row (sequence b, KV head h); its V row is xv() words on.
 fn x_row(b: u32, h: u32, p: u32) -> u32 {
-    return B + ((b * KVH + h) * XE + x_slot(p)) * (D / 2u);
+    return NB + ((b * KVH + h) * XE + x_slot(p)) * (D / 2u);
 }
 
 // First exact position of the ring for a query that sees positions below `len` (the newest
@@ -88,14 +88,14 @@ fn x_put(b: u32, h: u32, p: u32, src: u32, w: u32) {
 
 #if KMEAN
 // K's mean (ExactTokens::k_mean): once a sequence holds its SINK tokens, the f32 mean of their
-// f16 K rows per channel, kept in `lens` after the codec constants ([LAYERS, B, KVH, D] f32)
+// f16 K rows per channel, kept in `lens` after the codec constants ([LAYERS, NB, KVH, D] f32)
 // and written by the first segment's dispatch that completes the sink. Every later K row is
 // encoded as k - mean, and the exact workgroup scores k - mean too: every score of a query is
 // shifted alike, so the softmax is unchanged (a chunk's log-sum-exp adds q . mean back).
 
 // Word of value 0 of sequence b's mean, head h.
 fn kmu_at(b: u32, h: u32) -> u32 {
-    return KMU + ((seg.layer * B + b) * KVH + h) * D;
+    return KMU + ((seg.layer * NB + b) * KVH + h) * D;
 }
 
 // Values 4c .. 4c + 3 of the stored mean.

@@ -8,6 +8,6 @@ fn advance_len(b: u32, len: u32, n: u32) {
     if fits(len, n) {
         lens[li] = len + n;
     } else {
-        lens[LAYERS * B + li] = 1u;
+        lens[LAYERS * NB + li] = 1u;
     }
 }

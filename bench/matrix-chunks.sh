@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs on the device machine: the matrix prefill kernel (cooperative matrices) tested against
+# the reference, then chunks of 64 and 512 new tokens over 32k (qwen3-8b, f16 products) with
+# the matrix units off and on, interleaved by round, and FlexAttention at the same shape.
+# Usage: bash bench/matrix-chunks.sh OUTDIR [BIN]: BIN (default bench/bin-mm) holds `sweep`
+# and the `chunk` test binary, built here; .gl/ carried along. BUDGET (s, default 560).
+set -u
+out=${1:?outdir}
+bin=${2:-bench/bin-mm}
+end=$((SECONDS + ${BUDGET:-560}))
+left() { echo $((end - SECONDS)); }
+. "$(dirname "$0")/vulkan-env.sh"
+gpu=$(nvidia-smi -L | head -1 | grep -o -E "[HAB][0-9]{2,3}" | head -1 | tr A-Z a-z)
+tag="${gpu:-gpu}-$(date -u +%Y-%m-%d)"
+nvidia-smi -L > "$out/device-$tag.txt"
+echo "== the chunk tests on the GPU, matrix units required ($(left) s left)"
+KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk prefill_kernel --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1
+echo "rc $?"; grep -E "test result|FAILED|panicked|matrix units|kvq tests" "$out/chunk-tests-$tag.log" | head -20
+codecs=none,q8_sym,q4_sym,turbo3_sym,k_iso3,k_turbo3+qjl
+common=(--model qwen3-8b --ctx 32768 --codecs "$codecs" --precision fast --prefill-from 64
+  --queries 64,512 --kernel-times --rounds 1 --steps 5 --warmup 2)
+for round in 1 2; do
+  for m in off on; do
+    echo "== round $round, matrix $m ($(left) s left)"
+    KVQ_MATRIX=$m timeout $(( $(left) / 2 )) $bin/sweep "${common[@]}" \
+      --csv "$out/sweep-matrix-$m-r$round-$tag.csv" > "$out/sweep-matrix-$m-r$round-$tag.log" 2>&1
+    grep -E "matrix units" "$out/sweep-matrix-$m-r$round-$tag.log"; tail -22 "$out/sweep-matrix-$m-r$round-$tag.log" | cut -c1-160
+  done
+done
+echo "== anchor ($(left) s left)"
+PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) python3 bench/anchor_torch_chunk.py --layers 36 \
+  --q-heads 32 --kv-heads 8 --head-dim 128 --ctx 32768 --n 64,512 \
+  > "$out/anchor-chunk-$tag.jsonl" 2> "$out/anchor-chunk-$tag.err"
+cat "$out/anchor-chunk-$tag.jsonl"
