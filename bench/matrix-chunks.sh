@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the device machine: the matrix prefill kernel (cooperative matrices) tested against
 # the reference, then chunks of 64 and 512 new tokens over 32k (qwen3-8b, f16 products) with
-# the matrix units off and on, interleaved by round, and FlexAttention at the same shape.
+# the matrix units off and on (ROUNDS rounds, default 1, interleaved), and FlexAttention at the
+# same shape. CODECS and QUERIES override the sweep's codecs and chunk sizes.
 # Usage: bash bench/matrix-chunks.sh OUTDIR [BIN]: BIN (default bench/bin-mm) holds `sweep`
 # and the `chunk` test binary, built here; .gl/ carried along. BUDGET (s, default 560).
 set -u
@@ -16,10 +17,11 @@ nvidia-smi -L > "$out/device-$tag.txt"
 echo "== the chunk tests on the GPU, matrix units required ($(left) s left)"
 KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk prefill_kernel --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1
 echo "rc $?"; grep -E "test result|FAILED|panicked|matrix units|kvq tests" "$out/chunk-tests-$tag.log" | head -20
-codecs=none,q8_sym,q4_sym,turbo3_sym,k_iso3,k_turbo3+qjl
+codecs=${CODECS:-none,q8_sym,q4_sym,turbo3_sym,k_iso3,k_turbo3+qjl}
+queries=${QUERIES:-64,512}
 common=(--model qwen3-8b --ctx 32768 --codecs "$codecs" --precision fast --prefill-from 64
-  --queries 64,512 --kernel-times --rounds 1 --steps 5 --warmup 2)
-for round in 1 2; do
+  --queries "$queries" --kernel-times --rounds 1 --steps 5 --warmup 2)
+for round in $(seq 1 ${ROUNDS:-1}); do
   for m in off on; do
     echo "== round $round, matrix $m ($(left) s left)"
     KVQ_MATRIX=$m timeout $(( $(left) / 2 )) $bin/sweep "${common[@]}" \
@@ -29,6 +31,6 @@ for round in 1 2; do
 done
 echo "== anchor ($(left) s left)"
 PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) python3 bench/anchor_torch_chunk.py --layers 36 \
-  --q-heads 32 --kv-heads 8 --head-dim 128 --ctx 32768 --n 64,512 \
+  --q-heads 32 --kv-heads 8 --head-dim 128 --ctx 32768 --n "$queries" \
   > "$out/anchor-chunk-$tag.jsonl" 2> "$out/anchor-chunk-$tag.err"
 cat "$out/anchor-chunk-$tag.jsonl"
