@@ -15,7 +15,7 @@ gpu=$(nvidia-smi -L | head -1 | grep -o -E "[HAB][0-9]{2,3}" | head -1 | tr A-Z 
 tag="${gpu:-gpu}-$(date -u +%Y-%m-%d)"
 nvidia-smi -L > "$out/device-$tag.txt"
 echo "== the chunk tests on the GPU, matrix units required ($(left) s left)"
-KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk prefill_kernel --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1
+KVQ_MATRIX=on KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk prefill_kernel --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1
 echo "rc $?"; grep -E "test result|FAILED|panicked|matrix units|kvq tests" "$out/chunk-tests-$tag.log" | head -20
 codecs=${CODECS:-none,q8_sym,q4_sym,turbo3_sym,k_iso3,k_turbo3+qjl}
 queries=${QUERIES:-64,512}

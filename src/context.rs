@@ -276,13 +276,14 @@ impl GpuContext {
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        // Cooperative matrices where the tuning table chooses the matrix kernels and the
-        // adapter has fragments they are written for.
-        let off = std::env::var("KVQ_MATRIX").is_ok_and(|v| v == "off");
-        if crate::tuning::for_adapter(&info).matrix_units
-            && !off
-            && matrix_fragment(adapter).is_some()
-        {
+        // Cooperative matrices where the tuning table chooses the matrix kernels (or
+        // KVQ_MATRIX=on asks for them) and the adapter has fragments they are written for.
+        let chosen = match std::env::var("KVQ_MATRIX").as_deref() {
+            Ok("on") => true,
+            Ok("off") => false,
+            _ => crate::tuning::for_adapter(&info).matrix_units,
+        };
+        if chosen && matrix_fragment(adapter).is_some() {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         Ok((adapter.features() & wanted, limits))
@@ -352,8 +353,9 @@ impl GpuContext {
 
     /// The matrix units the chunk kernels of caches made on this context put their products
     /// on, where their precision is [`crate::Precision::Fast`]: those [`GpuContext::new`]
-    /// found and the tuning table chose ([`crate::tuning::DeviceTuning::matrix_units`]), or
-    /// those set by [`GpuContext::with_matrix_units`]; `None`: FP32 and packed-f16 lanes only.
+    /// found where the tuning table chooses them ([`crate::tuning::DeviceTuning::matrix_units`])
+    /// or `KVQ_MATRIX=on` asks for them, or those set by [`GpuContext::with_matrix_units`];
+    /// `None`: FP32 and packed-f16 lanes only.
     pub fn matrix_units(&self) -> Option<MatrixUnits> {
         self.matrix
     }

@@ -211,8 +211,10 @@ pub struct DeviceTuning {
     pub baked_shape: &'static [&'static str],
     /// Whether kvq asks this adapter for cooperative matrices and puts the chunk kernels'
     /// products on them (where it offers fragments kvq's matrix kernels are written for:
-    /// [`crate::GpuContext::matrix_units`]). For a measurement, `KVQ_MATRIX=off` in the
-    /// environment turns them off for every context the process opens.
+    /// [`crate::GpuContext::matrix_units`]): where they measured faster than the kernels
+    /// they replace, so far nowhere (the matrix prefill kernel has not run on hardware yet).
+    /// For a measurement, `KVQ_MATRIX=on` or `off` in the environment takes its place for
+    /// every context the process opens.
     pub matrix_units: bool,
 }
 
@@ -329,7 +331,8 @@ pub const H200: DeviceTuning = DeviceTuning {
     prefill_from_f16: Some(64),
     chunk_splits: CHUNK_SPLITS,
     baked_shape: BAKED_ON_NVIDIA,
-    matrix_units: true,
+    // (Until the matrix prefill kernel is measured here: `bench/matrix-chunks.sh`.)
+    matrix_units: false,
 };
 
 /// NVIDIA H100 SXM (its Vulkan name "NVIDIA H100 80GB HBM3"): the H200's GH100 chip, with

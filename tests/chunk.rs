@@ -516,7 +516,7 @@ fn matrix_contexts() -> Vec<(GpuContext, MatrixUnits)> {
     }
     assert!(
         std::env::var("KVQ_REQUIRE_MATRIX").as_deref() != Ok("1"),
-        "KVQ_REQUIRE_MATRIX=1: '{}' has no matrix units kvq uses",
+        "KVQ_REQUIRE_MATRIX=1: '{}' has no matrix units kvq uses (KVQ_MATRIX=on asks for them)",
         ctx().info.name
     );
     [16, 8]

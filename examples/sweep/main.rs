@@ -65,7 +65,7 @@ fn main() {
     let ctx = GpuContext::new()
         .unwrap_or_else(|e| fail(1, e))
         .with_shader_checks(args.shader_checks);
-    // Where the chunk kernels' products run (KVQ_MATRIX=off turns the matrix units off).
+    // Where the chunk kernels' products run (KVQ_MATRIX=on or off overrides the tuning table).
     match ctx.matrix_units() {
         Some(m) => eprintln!("matrix units: {m:?} (the prefill kernel of Fast caches)"),
         None => eprintln!("matrix units: none"),
