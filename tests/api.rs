@@ -15,6 +15,47 @@ fn buffer(size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
 }
 
 #[test]
+fn matrix_units_the_device_lacks_are_typed_errors() {
+    // Fragments kvq has no kernels for, row counts other than F or 2 F, and hardware units on
+    // a device without cooperative matrices: AdapterTooWeak, the context unchanged.
+    let units = |fragment, emulated, rows| kvq::MatrixUnits {
+        fragment,
+        emulated,
+        rows,
+    };
+    for bad in [units(12, true, 24), units(16, true, 48), units(16, true, 8)] {
+        let got = ctx().clone().with_matrix_units(Some(bad));
+        assert!(
+            matches!(got, Err(KvqError::AdapterTooWeak { .. })),
+            "{bad:?}"
+        );
+    }
+    if !ctx()
+        .device
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        let got = ctx()
+            .clone()
+            .with_matrix_units(Some(kvq::MatrixUnits::new(16, false)));
+        assert!(matches!(got, Err(KvqError::AdapterTooWeak { .. })));
+    }
+    // Emulated units run anywhere with shader-f16, and None turns them off again.
+    let emulated = ctx()
+        .clone()
+        .with_matrix_units(Some(kvq::MatrixUnits::new(8, true)));
+    let emulated = emulated.expect("emulated units");
+    assert_eq!(
+        emulated.matrix_units(),
+        Some(kvq::MatrixUnits::new(8, true))
+    );
+    assert_eq!(
+        emulated.with_matrix_units(None).unwrap().matrix_units(),
+        None
+    );
+}
+
+#[test]
 fn bad_specs_are_typed_errors() {
     let bad = [
         CacheSpec::new(1, 6, 4, 64, 16),  // GQA not whole
