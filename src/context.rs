@@ -112,7 +112,7 @@ impl MatrixUnits {
 }
 
 /// Fragment sizes the matrix kernels are written for, in order of preference.
-const MATRIX_FRAGMENTS: [u32; 2] = [16, 8];
+pub(crate) const MATRIX_FRAGMENTS: [u32; 2] = [16, 8];
 
 /// Invocations of a subgroup the matrix kernels are written for (their workgroup of 128 is
 /// four subgroups): NVIDIA's and Apple's.
@@ -361,11 +361,13 @@ impl GpuContext {
     }
 
     /// Caches created from now on put their chunk products on `units` (`None`: on no matrix
-    /// units). Emulated units run on any adapter (a testing aid); hardware ones need a device
-    /// with `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`, shader-f16 and subgroups of 32
-    /// invocations, whose adapter offers F × F × F fragments of f16 summed in f32: else
-    /// [`KvqError::AdapterTooWeak`]. A context from [`GpuContext::from_device`] has none until
-    /// this is called.
+    /// units). Emulated units run on any adapter with shader-f16 (a testing aid); hardware ones
+    /// need a device with `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`, shader-f16 and
+    /// subgroups, on an adapter whose subgroups are 32 invocations: else
+    /// [`KvqError::AdapterTooWeak`]. That the adapter offers F × F × F fragments of f16 summed
+    /// in f32 (`wgpu::Adapter::cooperative_matrix_properties`) the caller vouches for: the
+    /// device does not say. A context from [`GpuContext::from_device`] has none until this is
+    /// called.
     pub fn with_matrix_units(mut self, units: Option<MatrixUnits>) -> Result<GpuContext> {
         if let Some(u) = units {
             let too_weak = |what: String| KvqError::AdapterTooWeak {
@@ -394,6 +396,13 @@ impl GpuContext {
             let missing = needed - self.device.features();
             if !missing.is_empty() {
                 return Err(too_weak(format!("{missing:?} (matrix units)")));
+            }
+            // The kernels' 4 subgroups of 32 invocations (their workgroup of 128).
+            let (lo, hi) = (self.info.subgroup_min_size, self.info.subgroup_max_size);
+            if !u.emulated && (lo, hi) != (MATRIX_SUBGROUP, MATRIX_SUBGROUP) {
+                return Err(too_weak(format!(
+                    "subgroups of {MATRIX_SUBGROUP} invocations (matrix units; this adapter's are {lo} to {hi})"
+                )));
             }
         }
         self.matrix = units;

@@ -111,12 +111,23 @@ pub(super) fn plan(
     };
     let what = "max_compute_workgroup_storage_size";
     fits_workgroup(what, cfg.split_workgroup_bytes()?)?;
-    // The prefill kernel on matrix units where the context has them and that kernel serves
-    // the cache within the adapter's workgroup memory; else the FP32 / packed-f16 one.
-    // (Its rows as the context says, else one row fragment, whose tiles take about half.)
-    let candidates = matrix
-        .into_iter()
-        .flat_map(|m| [m.rows, m.fragment].map(|rows| crate::MatrixUnits { rows, ..m }));
+    // The prefill kernel on matrix units where the cache takes the prefill kernel, the
+    // context has them and that kernel serves the cache within the adapter's workgroup
+    // memory; else the FP32 / packed-f16 one. (Its rows as the context says, else one row
+    // fragment, whose tiles take about half.)
+    let prefill_from = tuning.prefill_from(spec, cfg.half_products());
+    let mut candidates = matrix
+        .filter(|_| prefill_from.is_some())
+        .map_or(vec![], |m| {
+            vec![
+                m,
+                crate::MatrixUnits {
+                    rows: m.fragment,
+                    ..m
+                },
+            ]
+        });
+    candidates.dedup();
     for m in candidates {
         let with = KernelConfig {
             matrix: Some(m),

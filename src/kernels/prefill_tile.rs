@@ -89,13 +89,18 @@ impl MatrixTile {
 const MATRIX_PASSES: [u32; 4] = [128, 96, 64, 32];
 
 impl KernelConfig {
-    /// The matrix prefill kernel's tile with fragments of `fragment`, or `None` where that
-    /// kernel does not serve this configuration: products other than f16
+    /// The matrix prefill kernel's tile on units `m`, or `None` where that kernel does not
+    /// serve this configuration: fragments other than 16 or 8, rows other than F or 2 F,
+    /// products other than f16
     /// ([`crate::Precision::Fast`]), exact tokens (their own loop stays in the FP32 kernel), or
     /// query or value rows no pass width divides.
     pub(crate) fn matrix_tile_for(&self, m: crate::MatrixUnits) -> Option<MatrixTile> {
         let f = m.fragment;
-        if !self.half_products() || self.exact.any() || ![f, 2 * f].contains(&m.rows) {
+        if !crate::context::MATRIX_FRAGMENTS.contains(&f)
+            || ![f, 2 * f].contains(&m.rows)
+            || !self.half_products()
+            || self.exact.any()
+        {
             return None;
         }
         let unit = MatrixTile::v_unit(f, m.rows);
@@ -380,7 +385,19 @@ mod tests {
                         assert!(b <= 32 * 1024, "{what}: {b} bytes");
                     }
                 }
-                // Exact products and exact tokens keep the FP32 kernel.
+                // Exact products and exact tokens keep the FP32 kernel, and no kernel exists
+                // for other fragments or rows.
+                let mut fast = cfg(codecs, d);
+                fast.precision = Precision::Fast;
+                for (fragment, rows) in [(0, 0), (4, 8), (32, 32), (16, 48)] {
+                    fast.matrix = Some(crate::MatrixUnits {
+                        fragment,
+                        emulated: true,
+                        rows,
+                    });
+                    assert_eq!(fast.matrix_tile(), None);
+                    assert!(fast.module_source(KernelModule::Chunk).is_err());
+                }
                 let mut c = cfg(codecs, d);
                 c.matrix = Some(crate::MatrixUnits::new(16, true));
                 assert_eq!(c.matrix_tile(), None);

@@ -46,9 +46,13 @@ struct MmTiles {
 }
 var<workgroup> mm: MmTiles;
 // The tile's scores (MSK partial sums of MR × MT), and the rows' un-normalised outputs
-// (MR × PVM), f32.
-var<workgroup> mm_s: array<f32, MSK * MR * MSS>;
-var<workgroup> mm_o: array<f32, MR * MOS>;
+// (MR × PVM), f32, 16-byte aligned as the fragments loaded from and stored to them want.
+struct MmRows {
+    align: vec4<f32>,
+    s: array<f32, MSK * MR * MSS>,
+    o: array<f32, MR * MOS>,
+}
+var<workgroup> mr: MmRows;
 // Per-lane maxima, then sums, exchanged between the ML lanes of a row.
 var<workgroup> mm_x: array<f32, PWG>;
 
@@ -132,7 +136,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         mm.q[at + 3u] = f16(x.w);
     }
     for (var c = ln; c < PVM; c += ML) {
-        mm_o[r * MOS + c] = 0.0;
+        mr.o[r * MOS + c] = 0.0;
     }
     k_load_levels(lid);
     v_load_levels(lid);
@@ -198,12 +202,12 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 #endif
         }
 #if MMN
-        coopStoreT(sacc, &mm_s[s_at], MSS);
+        coopStoreT(sacc, &mr.s[s_at], MSS);
 #else
-        mm_s[((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = se$e;
+        mr.s[((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = se$e;
         // (The whole sum in the first partial.)
         for (var x = 1u; x < MSK; x++) {
-            mm_s[x * MR * MSS + ((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = 0.0;
+            mr.s[x * MR * MSS + ((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = 0.0;
         }
 #endif
         // The first V block's loads, in flight during the softmax.
@@ -215,7 +219,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         let ok$j = key$j < tn && pos$j < e && pos$j >= e - min(e, WIN);
         var sc$j = 0.0;
         for (var x = 0u; x < MSK; x++) {
-            sc$j += mm_s[x * MR * MSS + r * MSS + key$j];
+            sc$j += mr.s[x * MR * MSS + r * MSS + key$j];
         }
         sc$j = select(NEG, sc$j, ok$j);
         var mt = NEG;
@@ -234,7 +238,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         l *= al;
         l += f32(p$j);
         for (var c = ln; c < PVM; c += ML) {
-            mm_o[r * MOS + c] *= al;
+            mr.o[r * MOS + c] *= al;
         }
         // O += P·V, V decoded MVB columns at a time.
         for (var vc = 0u; vc < PVM; vc += MVB) {
@@ -250,23 +254,23 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
             for (var i = 0u; i < MOF; i++) {
                 let f = sg * MOF + i;
                 let o_at = (f / (MVB / MF)) * MF * MOS + vc + (f % (MVB / MF)) * MF;
-                var oacc = coopLoadT<mm_c>(&mm_o[o_at], MOS);
+                var oacc = coopLoadT<mm_c>(&mr.o[o_at], MOS);
                 for (var kt = 0u; kt < MT; kt += MF) {
                     let pa = coopLoadT<mm_a>(&mm.p[(f / (MVB / MF)) * MF * MPS + kt], MPS);
                     let vb = coopLoadT<mm_b>(&mm.kv[kt * MKS + (f % (MVB / MF)) * MF], MKS);
                     oacc = coopMultiplyAdd(pa, vb, oacc);
                 }
-                coopStoreT(oacc, &mm_o[o_at], MOS);
+                coopStoreT(oacc, &mr.o[o_at], MOS);
             }
 #else
             for (var i = lid; i < MR * MVB; i += PWG) {
                 let orow = i / MVB;
                 let oc = i % MVB;
-                var acc = mm_o[orow * MOS + vc + oc];
+                var acc = mr.o[orow * MOS + vc + oc];
                 for (var t = 0u; t < MT; t++) {
                     acc = fma(f32(mm.p[orow * MPS + t]), f32(mm.kv[t * MKS + oc]), acc);
                 }
-                mm_o[orow * MOS + vc + oc] = acc;
+                mr.o[orow * MOS + vc + oc] = acc;
             }
 #endif
         }
@@ -285,7 +289,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         let at = prefill_row(b, ri / G, h * G + ri % G) * PSLOTS + split_slot(s);
         for (var c = ln; c < PV4; c += ML) {
             let o = r * MOS + 4u * c;
-            part[at * PV4 + c] = vec4<f32>(mm_o[o], mm_o[o + 1u], mm_o[o + 2u], mm_o[o + 3u]);
+            part[at * PV4 + c] = vec4<f32>(mr.o[o], mr.o[o + 1u], mr.o[o + 2u], mr.o[o + 3u]);
         }
         if ln == 0u {
             part[chunk.count * part_ml_at() + at] = vec4<f32>(m, lt, 0.0, 0.0);
