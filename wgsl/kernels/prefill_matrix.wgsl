@@ -176,7 +176,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 #if MMN
         var sacc = mm_c();
 #else
-        var se$e = 0.0;
+        // (Per partial sum: with MSK = 2, coordinates of every other MF-wide step, as the
+        // subgroup pairs split them.)
+        var se$e = vec2<f32>(0.0);
 #endif
         var kn$l = mm_k(lid + $lu * PWG, 0u, t0, tn, row0, runs);
         for (var cc = 0u; cc < PQW; cc += MKP) {
@@ -197,17 +199,16 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 #else
             for (var kk = 0u; kk < MKP; kk++) {
                 let ei$e = lid + $eu * PWG;
-                se$e = fma(f32(mm.q[(ei$e / MT) * MQS + cc + kk]), f32(mm.kv[(ei$e % MT) * MKS + kk]), se$e);
+                let x = (kk / MF) % MSK;
+                se$e[x] = fma(f32(mm.q[(ei$e / MT) * MQS + cc + kk]), f32(mm.kv[(ei$e % MT) * MKS + kk]), se$e[x]);
             }
 #endif
         }
 #if MMN
         coopStoreT(sacc, &mr.s[s_at], MSS);
 #else
-        mr.s[((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = se$e;
-        // (The whole sum in the first partial.)
-        for (var x = 1u; x < MSK; x++) {
-            mr.s[x * MR * MSS + ((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = 0.0;
+        for (var x = 0u; x < MSK; x++) {
+            mr.s[x * MR * MSS + ((lid + $eu * PWG) / MT) * MSS + (lid + $eu * PWG) % MT] = se$e[x];
         }
 #endif
         // The first V block's loads, in flight during the softmax.
