@@ -227,9 +227,13 @@ impl GpuContext {
     }
 
     /// The features and limits to request on `adapter` for kvq: what kvq needs (a typed error
-    /// says what the adapter lacks), the adapter's full buffer sizes, and f16, subgroups and
-    /// timestamps where offered. An engine that creates its own device can request these (or
-    /// more) and hand the device to [`GpuContext::from_device`].
+    /// says what the adapter lacks), the adapter's full buffer sizes and workgroup memory, f16,
+    /// subgroups and timestamps where offered, and cooperative matrices where kvq would use
+    /// them ([`GpuContext::matrix_units`]). An engine that creates its own device can request
+    /// these (or more) and hand the device to [`GpuContext::from_device`]; where they hold
+    /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`, the device must be requested with
+    /// `wgpu::ExperimentalFeatures::enabled()`, and [`GpuContext::with_matrix_units`] then
+    /// turns the units on for kvq.
     pub fn device_requirements(adapter: &wgpu::Adapter) -> Result<(wgpu::Features, wgpu::Limits)> {
         let info = adapter.get_info();
         let have = adapter.limits();
