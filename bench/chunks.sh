@@ -8,9 +8,7 @@ out=${1:?outdir}
 end=$((SECONDS + ${BUDGET:-540}))
 left() { echo $((end - SECONDS)); }
 . "$(dirname "$0")/vulkan-env.sh"
-# The GPU in the file names (h200, h100, ...), from the driver: the call may run on either.
-gpu=$(nvidia-smi -L | head -1 | grep -o -E "[HAB][0-9]{2,3}" | head -1 | tr A-Z a-z)
-tag="${gpu:-gpu}-$(date -u +%Y-%m-%d)"
+tag=$gpu_tag
 nvidia-smi -L > "$out/device-$tag.txt"
 sweep=./target/release/examples/sweep
 codecs=none,q8_sym,q4_sym,turbo3_sym,k_iso3,iso3_sym,k_turbo3+qjl

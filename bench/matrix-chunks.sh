@@ -11,8 +11,7 @@ bin=${2:-bench/bin-mm}
 end=$((SECONDS + ${BUDGET:-560}))
 left() { echo $((end - SECONDS)); }
 . "$(dirname "$0")/vulkan-env.sh"
-gpu=$(nvidia-smi -L | head -1 | grep -o -E "[HAB][0-9]{2,3}" | head -1 | tr A-Z a-z)
-tag="${gpu:-gpu}-$(date -u +%Y-%m-%d)"
+tag=$gpu_tag
 nvidia-smi -L > "$out/device-$tag.txt"
 echo "== the chunk tests on the GPU, matrix units required ($(left) s left)"
 KVQ_MATRIX=on KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk prefill_kernel --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1

@@ -109,10 +109,17 @@ impl MatrixUnits {
             rows: 2 * fragment,
         }
     }
+
+    /// Whether kvq's matrix kernels are written for these units: fragments of 16 or 8, F or
+    /// 2 F rows a workgroup.
+    pub(crate) fn has_kernels(&self) -> bool {
+        let f = self.fragment;
+        MATRIX_FRAGMENTS.contains(&f) && [f, 2 * f].contains(&self.rows)
+    }
 }
 
 /// Fragment sizes the matrix kernels are written for, in order of preference.
-pub(crate) const MATRIX_FRAGMENTS: [u32; 2] = [16, 8];
+const MATRIX_FRAGMENTS: [u32; 2] = [16, 8];
 
 /// Invocations of a subgroup the matrix kernels are written for (their workgroup of 128 is
 /// four subgroups): NVIDIA's and Apple's.
@@ -380,10 +387,7 @@ impl GpuContext {
                 needed: 1,
                 have: 0,
             };
-            if !MATRIX_FRAGMENTS.contains(&u.fragment)
-                || ![1, 2].contains(&(u.rows / u.fragment))
-                || u.rows % u.fragment != 0
-            {
+            if !u.has_kernels() {
                 return Err(too_weak(format!(
                     "matrix fragments of {0}x{0} and {1} rows a workgroup (kvq's are 16x16 or 8x8, F or 2 F rows)",
                     u.fragment, u.rows

@@ -6,7 +6,7 @@ mod common;
 
 use kvq::{Codec, KernelConfig};
 use naga::back::{hlsl, msl, spv};
-use naga::valid::{Capabilities, ValidationFlags, Validator};
+use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 
 fn configs() -> Vec<KernelConfig> {
     let mut v = Vec::new();
@@ -37,22 +37,8 @@ fn configs() -> Vec<KernelConfig> {
     for (i, &(k, vc)) in pairs.iter().enumerate() {
         for (d, g) in [shapes[i % shapes.len()], shapes[(i + 3) % shapes.len()]] {
             v.push(KernelConfig {
-                head_dim: d,
-                gqa: g,
-                kv_heads: 8 / g.min(8),
-                batch: 2,
-                capacity: 4096,
-                layers: 3,
-                splits: 16,
-                max_splits: 16,
-                segments: 2,
-                min_chunk: 32,
                 // Every third configuration is a sliding window (ring indexing).
                 window: (i % 3 == 1).then_some(3000),
-                scale: 1.0 / (d as f32).sqrt(),
-                workgroup: 128,
-                k,
-                v: vc,
                 // Every third of the others keeps exact tokens (sink and ring).
                 exact: if i % 3 == 2 {
                     kvq::ExactTokens {
@@ -75,11 +61,95 @@ fn configs() -> Vec<KernelConfig> {
                     0 => kvq::Precision::Exact,
                     _ => kvq::Precision::Fast,
                 },
-                matrix: None,
+                ..config(d, g, k, vc)
             });
         }
     }
     v
+}
+
+/// A configuration at head_dim `d`, GQA `g`, for K codec `k` and V codec `v`: 2 sequences of
+/// 4096 tokens, 3 layers, 16 splits, 2 storage segments, no window, no exact tokens, exact
+/// products, every shape number a uniform, no matrix units (the tests vary these).
+fn config(d: u32, g: u32, k: Codec, v: Codec) -> KernelConfig {
+    KernelConfig {
+        head_dim: d,
+        gqa: g,
+        kv_heads: 8 / g.min(8),
+        batch: 2,
+        capacity: 4096,
+        layers: 3,
+        splits: 16,
+        max_splits: 16,
+        segments: 2,
+        min_chunk: 32,
+        window: None,
+        scale: 1.0 / (d as f32).sqrt(),
+        workgroup: 128,
+        k,
+        v,
+        exact: Default::default(),
+        baked_shape: &[],
+        precision: kvq::Precision::Exact,
+        matrix: None,
+    }
+}
+
+/// `src` parsed and validated by naga with `caps`, or a panic with naga's message.
+fn validate(src: &str, name: &str, caps: Capabilities) -> (naga::Module, ModuleInfo) {
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+    (module, info)
+}
+
+/// The module as its compute entry point `entry` sees it (overrides processed).
+fn for_entry(module: &naga::Module, info: &ModuleInfo, entry: &str) -> (naga::Module, ModuleInfo) {
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        module,
+        info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{entry}: overrides: {e}"));
+    (module.into_owned(), info.into_owned())
+}
+
+/// MSL 2.4 of compute entry point `entry`, or a panic naming `name`.
+fn write_msl(module: &naga::Module, info: &ModuleInfo, entry: &str, name: &str) {
+    let opts = msl::Options {
+        lang_version: (2, 4),
+        fake_missing_bindings: true,
+        ..Default::default()
+    };
+    let pipe = msl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, entry.into())),
+        ..Default::default()
+    };
+    msl::write_string(module, info, &opts, &pipe)
+        .unwrap_or_else(|e| panic!("{name}/{entry}: MSL: {e}"));
+}
+
+/// SPIR-V of version `lang` of compute entry point `entry`, or a panic naming `name`.
+fn write_spirv(
+    module: &naga::Module,
+    info: &ModuleInfo,
+    entry: &str,
+    name: &str,
+    lang: (u8, u8),
+) -> Vec<u32> {
+    let opts = spv::Options {
+        lang_version: lang,
+        ..Default::default()
+    };
+    let pipe = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: entry.into(),
+    };
+    spv::write_vec(module, info, &opts, Some(&pipe))
+        .unwrap_or_else(|e| panic!("{name}/{entry}: SPIR-V: {e}"))
 }
 
 fn spirv_val(words: &[u32], name: &str) {
@@ -94,38 +164,15 @@ fn every_kernel_translates_to_every_backend() {
     for cfg in configs() {
         for (name, src) in cfg.sources().expect("kvq assembles its kernels") {
             let name = format!("{name} (d={}, g={})", cfg.head_dim, cfg.gqa);
-            let module = naga::front::wgsl::parse_str(&src)
-                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
             // unpack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which WebGPU core and every wgpu
             // backend grant; f16 products need shader-f16 (SHADER_FLOAT16, HLSL's SM 6.2).
             let fast = cfg.precision == kvq::Precision::Fast;
             let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
             caps.set(Capabilities::SHADER_FLOAT16, fast);
-            let info = Validator::new(ValidationFlags::all(), caps)
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            let (module, info) = validate(&src, &name, caps);
             for ep in &module.entry_points {
-                let stage = ep.stage;
-                let (module, info) = naga::back::pipeline_constants::process_overrides(
-                    &module,
-                    &info,
-                    Some((stage, &ep.name)),
-                    &Default::default(),
-                )
-                .unwrap_or_else(|e| panic!("{name}/{}: overrides: {e}", ep.name));
-
-                let msl_opts = msl::Options {
-                    lang_version: (2, 4),
-                    fake_missing_bindings: true,
-                    ..Default::default()
-                };
-                let msl_pipe = msl::PipelineOptions {
-                    entry_point: Some((stage, ep.name.clone())),
-                    ..Default::default()
-                };
-                msl::write_string(&module, &info, &msl_opts, &msl_pipe)
-                    .unwrap_or_else(|e| panic!("{name}/{}: MSL: {e}", ep.name));
-
+                let (module, info) = for_entry(&module, &info, &ep.name);
+                write_msl(&module, &info, &ep.name, &name);
                 let hlsl_opts = hlsl::Options {
                     shader_model: match fast {
                         true => hlsl::ShaderModel::V6_2,
@@ -135,23 +182,13 @@ fn every_kernel_translates_to_every_backend() {
                     ..Default::default()
                 };
                 let hlsl_pipe = hlsl::PipelineOptions {
-                    entry_point: Some((stage, ep.name.clone())),
+                    entry_point: Some((ep.stage, ep.name.clone())),
                 };
                 let mut out = String::new();
                 hlsl::Writer::new(&mut out, &hlsl_opts, &hlsl_pipe)
                     .write(&module, &info, None)
                     .unwrap_or_else(|e| panic!("{name}/{}: HLSL: {e}", ep.name));
-
-                let spv_opts = spv::Options {
-                    lang_version: (1, 3),
-                    ..Default::default()
-                };
-                let spv_pipe = spv::PipelineOptions {
-                    shader_stage: stage,
-                    entry_point: ep.name.clone(),
-                };
-                let words = spv::write_vec(&module, &info, &spv_opts, Some(&spv_pipe))
-                    .unwrap_or_else(|e| panic!("{name}/{}: SPIR-V: {e}", ep.name));
+                let words = write_spirv(&module, &info, &ep.name, &name, (1, 3));
                 spirv_val(&words, &format!("{name}/{}", ep.name));
                 checked += 1;
             }
@@ -200,22 +237,6 @@ fn matrix_kernels_translate() {
         ] {
             let d = if codecs == "none" { 64 } else { 128 };
             let cfg = KernelConfig {
-                head_dim: d,
-                gqa: 4,
-                kv_heads: 2,
-                batch: 2,
-                capacity: 4096,
-                layers: 2,
-                splits: 8,
-                max_splits: 8,
-                segments: 2,
-                min_chunk: 32,
-                window: None,
-                scale: 1.0 / (d as f32).sqrt(),
-                workgroup: 128,
-                k: c.k,
-                v: c.v,
-                exact: Default::default(),
                 // NVIDIA's kernels with its shape numbers baked (constants named as WGSL
                 // names nothing else), the others reading them from uniforms.
                 baked_shape: match fragment {
@@ -228,56 +249,27 @@ fn matrix_kernels_translate() {
                     emulated,
                     rows,
                 }),
+                ..config(d, 4, c.k, c.v)
             };
             let name = format!("chunk {codecs} d={d} F={fragment} rows={rows} emulated={emulated}");
             let src = cfg
                 .module_source(kvq::KernelModule::Chunk)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(src.contains("coopMultiplyAdd"), !emulated, "{name}");
-            let module = naga::front::wgsl::parse_str(&src)
-                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
             let caps = Capabilities::COOPERATIVE_MATRIX
                 | Capabilities::SUBGROUP
                 | Capabilities::SHADER_FLOAT16
                 | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-            let info = Validator::new(ValidationFlags::all(), caps)
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
-            let stage = naga::ShaderStage::Compute;
-            let (module, info) = naga::back::pipeline_constants::process_overrides(
-                &module,
-                &info,
-                Some((stage, "prefill")),
-                &Default::default(),
-            )
-            .unwrap_or_else(|e| panic!("{name}: overrides: {e}"));
-            let spv_opts = spv::Options {
-                lang_version: (1, 6),
-                ..Default::default()
-            };
-            let spv_pipe = spv::PipelineOptions {
-                shader_stage: stage,
-                entry_point: "prefill".into(),
-            };
-            let words = spv::write_vec(&module, &info, &spv_opts, Some(&spv_pipe))
-                .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+            let (module, info) = validate(&src, &name, caps);
+            let (module, info) = for_entry(&module, &info, "prefill");
+            let words = write_spirv(&module, &info, "prefill", &name, (1, 6));
             if let Some((ok, said)) = common::spirv_val(&words, "vulkan1.3", &name) {
                 // 6022: CooperativeMatrixKHR, unknown to a spirv-val older than it.
                 let unknown = said.contains("Invalid capability operand: 6022");
                 assert!(ok || unknown, "spirv-val rejects {name}: {said}");
             }
             if fragment == 8 || emulated {
-                let msl_opts = msl::Options {
-                    lang_version: (2, 4),
-                    fake_missing_bindings: true,
-                    ..Default::default()
-                };
-                let msl_pipe = msl::PipelineOptions {
-                    entry_point: Some((stage, "prefill".into())),
-                    ..Default::default()
-                };
-                msl::write_string(&module, &info, &msl_opts, &msl_pipe)
-                    .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+                write_msl(&module, &info, "prefill", &name);
             }
             checked += 1;
         }

@@ -95,14 +95,10 @@ impl KernelConfig {
     /// ([`crate::Precision::Fast`]), exact tokens (their own loop stays in the FP32 kernel), or
     /// query or value rows no pass width divides.
     pub(crate) fn matrix_tile_for(&self, m: crate::MatrixUnits) -> Option<MatrixTile> {
-        let f = m.fragment;
-        if !crate::context::MATRIX_FRAGMENTS.contains(&f)
-            || ![f, 2 * f].contains(&m.rows)
-            || !self.half_products()
-            || self.exact.any()
-        {
+        if !m.has_kernels() || !self.half_products() || self.exact.any() {
             return None;
         }
+        let f = m.fragment;
         let unit = MatrixTile::v_unit(f, m.rows);
         let v_padded = self.partial_width().next_multiple_of(unit);
         let widest = |w: u32, unit: u32| {
@@ -269,22 +265,26 @@ mod tests {
     use crate::kernels::config::tests::cfg;
     use crate::spec::Precision;
 
+    /// Every kind of K tile and V row the prefill kernels decode: f16, int, rotated (per-vector
+    /// and per-32 scales), QJL signs, a rotor beside QJL.
+    const CODEC_KINDS: [&str; 10] = [
+        "none",
+        "q8_sym",
+        "k_q4",
+        "turbo3_sym",
+        "k_iso3",
+        "rotor3_sym",
+        "iso4b_sym",
+        "k_turbo3+qjl",
+        "k=iso3b+qjl,v=rotor4",
+        "k_rotor3+qjl",
+    ];
+
     #[test]
     fn prefill_tiles_fit_the_workgroup_memory_kvq_asks_for_at_every_shape() {
         // The query tile takes up to 16 KiB, the K/V tile 4 KiB, the weights 8 KiB: with the
         // level tables and the exchange array every served shape stays within 32 KiB.
-        for codecs in [
-            "none",
-            "q8_sym",
-            "k_q4",
-            "turbo3_sym",
-            "k_iso3",
-            "rotor3_sym",
-            "iso4b_sym",
-            "k_turbo3+qjl",
-            "k=iso3b+qjl,v=rotor4",
-            "k_rotor3+qjl",
-        ] {
+        for codecs in CODEC_KINDS {
             for (d, g, precision) in [32, 64, 96, 128, 256]
                 .into_iter()
                 .flat_map(|d| [(d, 1), (d, 8)])
@@ -332,15 +332,7 @@ mod tests {
     fn matrix_kernels_assemble_and_validate_for_every_codec_kind() {
         // naga parses and validates the chunk module with the matrix prefill kernel (hardware
         // fragments of 16 and 8, and emulated), and its workgroup memory is what the tile says.
-        for codecs in [
-            "none",
-            "q8_sym",
-            "k_q4",
-            "turbo3_sym",
-            "k_iso3",
-            "rotor3_sym",
-            "k_turbo3+qjl",
-        ] {
+        for codecs in CODEC_KINDS {
             for (d, g) in [(64, 1), (96, 7), (128, 4), (256, 8)] {
                 for (fragment, emulated, rows) in [
                     (16, false, 32),

@@ -95,8 +95,12 @@ fn prefill_row(b: u32, z: u32, qh: u32) -> u32 {
 }
 
 // vec4 c of row r's query (of KV head h): rotated by prefill_q, or scaled from q_in (`plain`:
-// in the caller's domain whatever K's codec, for the exact tokens).
-fn prefill_query(b: u32, h: u32, r: u32, c: u32, plain: bool) -> vec4<f32> {
+// in the caller's domain whatever K's codec, for the exact tokens); zeros for a row past the
+// slice's `rows` (a tile's padding).
+fn prefill_query(b: u32, h: u32, r: u32, c: u32, rows: u32, plain: bool) -> vec4<f32> {
+    if r >= rows {
+        return vec4<f32>(0.0);
+    }
     let qh = h * G + r % G;
     if K_ROTATED && !plain {
         return part[prefill_q_base() + prefill_row(b, r / G, qh) * PQW4 + c];
@@ -237,12 +241,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let qw4 = select(PQW4, D / 4u, xw);
     let vw4 = select(PV4, D / 4u, xw);
     for (var i = lid; i < PBR * PQW4; i += PWG) {
-        let r = rb + i / PQW4;
-        var x = vec4<f32>(0.0);
-        if r < rows {
-            x = prefill_query(b, h, r, i % PQW4, xw);
-        }
-        pq_sh[i] = pf4(x);
+        pq_sh[i] = pf4(prefill_query(b, h, rb + i / PQW4, i % PQW4, rows, xw));
     }
     k_load_levels(lid);
     v_load_levels(lid);

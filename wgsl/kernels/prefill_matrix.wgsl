@@ -123,13 +123,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let r = lid / ML;
     let ln = lid % ML;
     for (var i = lid; i < MR * PQW4; i += PWG) {
-        let qr = i / PQW4;
         let c = i % PQW4;
-        var x = vec4<f32>(0.0);
-        if rb + qr < rows {
-            x = prefill_query(b, h, rb + qr, c, false);
-        }
-        let at = qr * MQS + 4u * c;
+        let x = prefill_query(b, h, rb + i / PQW4, c, rows, false);
+        let at = (i / PQW4) * MQS + 4u * c;
         mm.q[at] = f16(x.x);
         mm.q[at + 1u] = f16(x.y);
         mm.q[at + 2u] = f16(x.z);
