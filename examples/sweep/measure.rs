@@ -318,9 +318,9 @@ impl PointRun<'_> {
             queries: self.queries,
             precision: cache.kernel_config().precision,
             kernel: match inputs.chunk_io.first() {
-                _ if self.queries == 1 => "step",
+                None => "step",
                 Some(io) if io.prefill() => "prefill",
-                _ => "split",
+                Some(_) => "split",
             },
             rounds: vec![t.gpu_ms.unwrap_or(t.host_ms)],
             others_cpu: vec![t.others_cpu],
@@ -342,7 +342,7 @@ impl PointRun<'_> {
             let mut pass = enc.begin_compute_pass(&Default::default());
             for layer in 0..self.model.layers {
                 let l = layer as usize;
-                if self.queries > 1 {
+                if !inputs.chunk_io.is_empty() {
                     cache.chunk_in_timed_pass(&mut pass, layer, &inputs.chunk_io[l], &mut timer)?;
                 } else {
                     cache.step_in_timed_pass(&mut pass, layer, &inputs.step_io[l], &mut timer)?;
@@ -440,11 +440,13 @@ impl PointRun<'_> {
             .iter()
             .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
             .collect::<Result<_, _>>()?;
-        // A chunk's new tokens, queries and outputs: `queries` rows of each per sequence.
+        // A chunk's new tokens, queries and outputs: `queries` rows of each per sequence. One
+        // new token is a fused step, or a chunk of 1 where `--prefill-from 1` asks for the
+        // prefill kernel (on matrix units: the decode as the prefill kernel does it).
         let n = self.queries;
         let mut keep = Vec::new();
         let mut chunk_io = Vec::new();
-        if n > 1 {
+        if n > 1 || self.args.prefill_from == Some(1) {
             let chunk_q: Vec<f32> = (0..qn * n as usize).map(|_| rng.next()).collect();
             let cq = storage(ctx, "chunk q", &chunk_q);
             let co = ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -533,7 +535,7 @@ impl PointRun<'_> {
                 });
                 for layer in 0..self.model.layers {
                     let l = layer as usize;
-                    if self.queries > 1 {
+                    if !inputs.chunk_io.is_empty() {
                         cache.chunk_in_pass(&mut pass, layer, &inputs.chunk_io[l])?;
                     } else if args.unfused {
                         cache.append_in_pass(&mut pass, layer, &inputs.step_in[l])?;
