@@ -288,7 +288,9 @@ pub struct CacheSpec {
     /// prefill kernel, tiled over queries and keys (each K/V tile decoded once for up to 32
     /// query rows), instead of the chunk's split kernel; `None` takes the adapter's
     /// [`crate::tuning`] entry's (on the measured GPUs 64 where the products are f16,
-    /// [`Precision`], and the K codec has no QJL; none elsewhere), `Some(u32::MAX)` never.
+    /// [`Precision`], and the K codec has no QJL; on matrix units
+    /// [`crate::tuning::DeviceTuning::prefill_from_matrix`]; none elsewhere), `Some(u32::MAX)`
+    /// never.
     /// Both kernels compute the same attention; this only chooses the faster one. A
     /// cache the prefill kernel does not serve (a QJL K beside a rotor side at head_dim 256,
     /// whose query rows pass its tile) always takes the split kernel.

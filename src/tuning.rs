@@ -197,6 +197,11 @@ pub struct DeviceTuning {
     /// The same with f16 products ([`crate::Precision::Fast`] on an adapter with
     /// `shader-f16`), which make the prefill kernel a different kernel for speed.
     pub prefill_from_f16: Option<u32>,
+    /// The same for the prefill kernel on matrix units, where the cache has them
+    /// ([`DeviceTuning::matrix_units`], [`crate::GpuContext::matrix_units`]): from how many
+    /// new tokens it replaces the split kernel. A QJL K takes it too (its signs are one more
+    /// f16 tile pass, not a slower kernel).
+    pub prefill_from_matrix: Option<u32>,
     /// How a chunk slice's splits follow from its size.
     pub chunk_splits: ChunkSplitRule,
     /// The cache's shape numbers this device's kernels keep baked into their text, by their
@@ -242,17 +247,18 @@ pub const BAKED_ON_NVIDIA: &[&str] = &[
 impl DeviceTuning {
     /// The prefill threshold for `spec`: its own [`CacheSpec::prefill_from`], else this
     /// tuning's for its kernels' products (`half`: f16, [`crate::Precision::Fast`] where the
-    /// adapter has it).
+    /// adapter has it; `matrix`: on matrix units).
     ///
-    /// A tuned threshold skips a QJL K: its prefill kernel scores the signs' S q beside the
-    /// codes, a query row twice as wide, and measured slower than its split kernel on the
-    /// H200 (1.28× at 64 new tokens, 1.43× at 512, with f16 products).
-    pub fn prefill_from(&self, spec: &CacheSpec, half: bool) -> Option<u32> {
-        let tuned = match half {
-            true => self.prefill_from_f16,
-            false => self.prefill_from,
+    /// A tuned threshold for the FP32 / packed-f16 kernel skips a QJL K: that kernel scores
+    /// the signs' S q beside the codes, a query row twice as wide, and measured slower than
+    /// its split kernel on the H200 (1.28× at 64 new tokens, 1.43× at 512, with f16 products).
+    pub fn prefill_from(&self, spec: &CacheSpec, half: bool, matrix: bool) -> Option<u32> {
+        let tuned = match (matrix, half) {
+            (true, _) => self.prefill_from_matrix,
+            (false, true) => self.prefill_from_f16.filter(|_| !spec.codecs.k.qjl),
+            (false, false) => self.prefill_from.filter(|_| !spec.codecs.k.qjl),
         };
-        spec.prefill_from.or(tuned.filter(|_| !spec.codecs.k.qjl))
+        spec.prefill_from.or(tuned)
     }
 
     /// A chunk slice's splits per segment: the spec's [`CacheSpec::chunk_splits`], else this
@@ -290,6 +296,7 @@ pub const CPU_DRIVER: DeviceTuning = DeviceTuning {
     decode_workgroup: 128,
     prefill_from: None,
     prefill_from_f16: None,
+    prefill_from_matrix: Some(64),
     chunk_splits: CHUNK_SPLITS,
     // Compiles are the suite's and a first start's cost here: every shape number a uniform.
     baked_shape: &[],
@@ -329,6 +336,7 @@ pub const H200: DeviceTuning = DeviceTuning {
     decode_workgroup: 128,
     prefill_from: None,
     prefill_from_f16: Some(64),
+    prefill_from_matrix: Some(64),
     chunk_splits: CHUNK_SPLITS,
     baked_shape: BAKED_ON_NVIDIA,
     // (Until the matrix prefill kernel is measured here: `bench/matrix-chunks.sh`.)
@@ -380,6 +388,7 @@ pub const UNMEASURED: DeviceTuning = DeviceTuning {
     decode_workgroup: 128,
     prefill_from: None,
     prefill_from_f16: None,
+    prefill_from_matrix: Some(64),
     chunk_splits: CHUNK_SPLITS,
     baked_shape: &[],
     matrix_units: false,
@@ -494,13 +503,17 @@ mod tests {
             CacheSpec::new(36, 32, 8, 128, 40_000).with_codecs(KvCodecs::parse(codecs).unwrap())
         };
         let t = for_adapter(&h200_info());
-        assert_eq!(t.prefill_from(&spec("q4_sym"), true), Some(64));
-        assert_eq!(t.prefill_from(&spec("q4_sym"), false), None);
-        assert_eq!(t.prefill_from(&spec("k_turbo3+qjl"), true), None);
+        assert_eq!(t.prefill_from(&spec("q4_sym"), true, false), Some(64));
+        assert_eq!(t.prefill_from(&spec("q4_sym"), false, false), None);
+        assert_eq!(t.prefill_from(&spec("k_turbo3+qjl"), true, false), None);
+        // On matrix units a QJL K takes the prefill kernel too.
+        let matrix = t.prefill_from_matrix;
+        assert_eq!(t.prefill_from(&spec("k_turbo3+qjl"), true, true), matrix);
         // A spec's own threshold wins, QJL or not.
         let own = spec("k_turbo3+qjl").with_prefill_from(8);
-        assert_eq!(t.prefill_from(&own, true), Some(8));
-        assert_eq!(UNMEASURED.prefill_from(&spec("q4_sym"), true), None);
+        assert_eq!(t.prefill_from(&own, true, false), Some(8));
+        assert_eq!(t.prefill_from(&own, true, true), Some(8));
+        assert_eq!(UNMEASURED.prefill_from(&spec("q4_sym"), true, false), None);
     }
 
     #[test]

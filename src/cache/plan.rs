@@ -115,9 +115,9 @@ pub(super) fn plan(
     // context has them and that kernel serves the cache within the adapter's workgroup
     // memory; else the FP32 / packed-f16 one. (Its rows as the context says, else one row
     // fragment, whose tiles take about half.)
-    let prefill_from = tuning.prefill_from(spec, cfg.half_products());
+    let half = cfg.half_products();
     let mut candidates = matrix
-        .filter(|_| prefill_from.is_some())
+        .filter(|_| tuning.prefill_from(spec, half, true).is_some())
         .map_or(vec![], |m| {
             vec![
                 m,
@@ -143,7 +143,7 @@ pub(super) fn plan(
     // The prefill kernel where the cache asks for it and it serves the cache.
     if let (Some(rows), Some(from)) = (
         cfg.prefill_rows(),
-        tuning.prefill_from(spec, cfg.half_products()),
+        tuning.prefill_from(spec, half, cfg.matrix.is_some()),
     ) {
         let what = "max_compute_workgroup_storage_size (the prefill kernel)";
         fits_workgroup(what, cfg.prefill_workgroup_bytes()?)?;
