@@ -587,6 +587,69 @@ fn prefill_kernel_on_matrix_units_matches_the_reference() {
     }
 }
 
+/// Where a matrix cache attends chunks of one token by the prefill kernel, its steps are
+/// chunks of 1 (`KvCache::steps_as_chunks`): fused steps through `step_io` / `step` match the
+/// reference at every step (the decode on matrix units), poisoned outputs; elsewhere steps stay
+/// fused.
+#[test]
+fn steps_on_matrix_units_are_chunks_of_one_that_match_the_reference() {
+    let (gpu, _) = matrix_contexts().swap_remove(0);
+    // (The kernels of the matrix test's first shape: no compile of its own.)
+    let spec = spec("none", 64, 8, 2, 3, 300)
+        .with_prefill_from(1)
+        .with_precision(Precision::Fast);
+    assert!(
+        !KvCache::new(&gpu, spec.clone().with_prefill_from(2))
+            .unwrap()
+            .steps_as_chunks()
+    );
+    let mut cache = KvCache::new(&gpu, spec.clone()).expect("cache");
+    assert!(cache.steps_as_chunks());
+    let (d, qh, kvh, batch) = (64usize, 8usize, 2usize, 3usize);
+    let mut rng = Rng::new(41);
+    let per = batch * kvh * d;
+    let prefix = 37;
+    cache
+        .append_host(
+            0,
+            &rng.normals(prefix * per, 1.0),
+            &rng.normals(prefix * per, 1.0),
+        )
+        .expect("prefix");
+    let (k, v, q) = (
+        rng.normals(per, 1.0),
+        rng.normals(per, 1.0),
+        rng.normals(batch * qh * d, 2.0),
+    );
+    let (kb, vb, qb) = (
+        storage_buffer(&gpu, &k),
+        storage_buffer(&gpu, &v),
+        storage_buffer(&gpu, &q),
+    );
+    let ob = storage_buffer(&gpu, &vec![f32::NAN; q.len()]);
+    let io = cache
+        .step_io(&kb, &vb, 1, InputType::F32, &qb, &ob)
+        .expect("io");
+    for step in 0..4 {
+        // (The same token and query each step: a new position each time.)
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        cache.step(&mut enc, 0, &io).expect("step");
+        gpu.queue.submit([enc.finish()]);
+        let out = common::read_f32(&gpu, &ob, q.len());
+        let (krows, vrows) = cache.read_rows(0).expect("rows");
+        let pos = prefix + step;
+        let slots: Vec<usize> = (0..=pos).collect();
+        let mut worst = 0.0f64;
+        for b in 0..batch {
+            let r = b * qh * d..(b + 1) * qh * d;
+            let want = reference_over_rows(&spec, &krows, &vrows, b, &slots, &q[r.clone()]);
+            worst = worst.max(rel_err(&out[r], &want));
+        }
+        assert!(worst <= FAST_TOL, "step {step}: rel err {worst:.2e}");
+        assert_eq!(cache.len(0, batch as u32 - 1).unwrap(), pos as u32 + 1);
+    }
+}
+
 /// Mean over query rows of the relative L2 error of a prefill-kernel chunk of `n` tokens
 /// after `prefix` against exact f64 attention over the original (unquantized) K/V: what a
 /// user of the codec sees. `q_scale`: the queries' spread (larger peaks the attention).

@@ -37,9 +37,17 @@ pub struct AttendIo {
 pub struct StepIo {
     /// The cache that prepared it ([`KvCache::id`](crate::KvCache)).
     pub(super) cache: u64,
-    pub(super) bind_group: Bound,
+    pub(super) path: StepPath,
     pub(super) n: u32,
     pub(super) input: InputType,
+}
+
+/// How a step is recorded: the fused step's split kernel and reduce, or, where the cache
+/// attends chunks of one token by the prefill kernel on matrix units
+/// ([`crate::KvCache::steps_as_chunks`]), a chunk of 1.
+pub(super) enum StepPath {
+    Fused(Bound),
+    Chunk(ChunkIo),
 }
 
 impl StepIo {

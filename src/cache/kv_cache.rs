@@ -194,6 +194,16 @@ impl KvCache {
         &self.cfg
     }
 
+    /// Whether a step of one new token is recorded as a chunk of 1 ([`KvCache::step_io`]):
+    /// where this cache attends chunks of one token by the prefill kernel on matrix units
+    /// (its [`crate::CacheSpec::prefill_from`], or the tuning's
+    /// [`crate::tuning::DeviceTuning::prefill_from_matrix`], is 1), which then replaces the
+    /// fused step's split kernel for the decode too. Same results either way, within the
+    /// matrix kernel's f16 products ([`crate::Precision::Fast`]).
+    pub fn steps_as_chunks(&self) -> bool {
+        self.cfg.matrix.is_some() && self.layout.prefill.is_some_and(|(_, from)| from <= 1)
+    }
+
     /// The context this cache records onto.
     pub fn context(&self) -> &GpuContext {
         &self.ctx

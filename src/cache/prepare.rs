@@ -3,7 +3,7 @@
 
 use super::bind::{Bound, bind_buffers};
 use super::buffers::init_buffer;
-use super::io::{AppendInput, AttendIo, ChunkIo, ChunkSlice, StepIo};
+use super::io::{AppendInput, AttendIo, ChunkIo, ChunkSlice, StepIo, StepPath};
 use super::kv_cache::KvCache;
 use super::plan;
 use crate::error::{KvqError, Result};
@@ -124,7 +124,9 @@ impl KvCache {
 
     /// Prepares the buffers of a fused decode step: `k`, `v` hold `n` new tokens per
     /// sequence (`[batch, n, kv_heads, head_dim]` of `input` elements); `q` and `out` are
-    /// `[batch, q_heads, head_dim]` f32. All need STORAGE usage.
+    /// `[batch, q_heads, head_dim]` f32. All need STORAGE usage. Where
+    /// [`KvCache::steps_as_chunks`], a step of one token is prepared and recorded as a chunk
+    /// of 1 ([`KvCache::chunk_io`]).
     pub fn step_io(
         &self,
         k: &wgpu::Buffer,
@@ -137,6 +139,14 @@ impl KvCache {
         self.check_new_tokens(NewTokens { k, v, n, input })?;
         self.check_queries(Queries { q, out }, 1)?;
         check_distinct(&[("out", out)], &[("q", q), ("k", k), ("v", v)])?;
+        if n == 1 && self.steps_as_chunks() {
+            return Ok(StepIo {
+                cache: self.id,
+                path: StepPath::Chunk(self.chunk_io(k, v, 1, input, q, out)?),
+                n,
+                input,
+            });
+        }
         // Built here, once, so that recording a step never compiles a pipeline.
         self.pipes.step(input)?;
         let params = self.uniform("kvq step params", [n, 0, 0, 0])?;
@@ -147,7 +157,7 @@ impl KvCache {
         )?;
         Ok(StepIo {
             cache: self.id,
-            bind_group,
+            path: StepPath::Fused(bind_group),
             n,
             input,
         })

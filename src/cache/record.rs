@@ -2,7 +2,7 @@
 //! [`Recorder`].
 
 use super::bind::Bound;
-use super::io::{AppendInput, AttendIo, ChunkIo, StepIo};
+use super::io::{AppendInput, AttendIo, ChunkIo, StepIo, StepPath};
 use super::kv_cache::KvCache;
 use crate::dispatch::{self, Dispatch, GridShape, SMALL_APPEND_MAX_TOKENS};
 use crate::error::{KvqError, Result};
@@ -279,13 +279,17 @@ impl KvCache {
         io: &StepIo,
     ) -> Result<()> {
         self.check_io(io.cache, "StepIo")?;
+        let bind_group = match &io.path {
+            StepPath::Fused(b) => b,
+            StepPath::Chunk(c) => return self.record_chunk(pass, layer, c),
+        };
         self.check_layer(layer)?;
         let [split, reduce] = self.pipes.step(io.input)?.clone();
         self.reserve(layer, io.n)?;
         let stores = self.layers[layer as usize].iter().map(|s| &s.step_bg);
         let shape = self.grid_shape();
         let split = (&split, &dispatch::SPLIT);
-        self.record_attention(pass, split, &reduce, &io.bind_group, stores, &shape);
+        self.record_attention(pass, split, &reduce, bind_group, stores, &shape);
         Ok(())
     }
 
