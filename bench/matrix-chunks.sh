@@ -6,8 +6,10 @@
 # (units off) and by the matrix prefill kernel (units on, --prefill-from 1: one new token is a
 # chunk of 1, the decode on matrix units). CODECS, QUERIES and SHORT override the
 # sweep's codecs and chunk sizes (SHORT= skips the short chunks).
-# Usage: bash bench/matrix-chunks.sh OUTDIR [BIN]: BIN (default bench/bin-mm) holds `sweep`
-# and the `chunk` test binary, built here; .gl/ carried along. BUDGET (s, default 560).
+# Usage: bash bench/matrix-chunks.sh OUTDIR [BIN]: BIN (default bench/bin-mm) holds `sweep`,
+# the `chunk` test binary and optionally `kernel_stats` (then registers and pipeline caches for
+# bench/sass.py, rows 32 and 16), built here; .gl/ carried along. BUDGET (s, default 560).
+# A device call returns 8 files at most: tar OUTDIR there.
 set -u
 out=${1:?outdir}
 bin=${2:-bench/bin-mm}
@@ -17,7 +19,7 @@ left() { echo $((end - SECONDS)); }
 tag=$gpu_tag
 nvidia-smi -L > "$out/device-$tag.txt"
 echo "== the chunk tests on the GPU, matrix units required ($(left) s left)"
-KVQ_MATRIX=on KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk prefill_kernel --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1
+KVQ_MATRIX=on KVQ_REQUIRE_MATRIX=1 timeout 120 $bin/chunk matrix --test-threads 6 > "$out/chunk-tests-$tag.log" 2>&1
 echo "rc $?"; grep -E "test result|FAILED|panicked|matrix units|kvq tests" "$out/chunk-tests-$tag.log" | head -20
 codecs=${CODECS:-none,q8_sym,q4_sym,turbo3_sym,k_iso3,k_turbo3+qjl}
 queries=${QUERIES:-64,512}
@@ -40,6 +42,13 @@ if [ -n "$short" ]; then
       --queries "$short" --steps 10 --warmup 3 "${extra[@]}" \
       --csv "$out/sweep-short-matrix-$m-$tag.csv" > "$out/sweep-short-matrix-$m-$tag.log" 2>&1
     tail -22 "$out/sweep-short-matrix-$m-$tag.log" | cut -c1-160
+  done
+fi
+if [ -x $bin/kernel_stats ]; then
+  echo "== registers and SASS of the matrix prefill kernel ($(left) s left)"
+  for rows in 32 16; do
+    timeout 60 $bin/kernel_stats --model qwen3-8b --codecs "$codecs" --matrix 16 --matrix-rows $rows \
+      --dump "$out/sass-rows$rows" 2>&1 | tee "$out/kernel-stats-rows$rows-$tag.txt" | cut -c1-200
   done
 fi
 echo "== anchor ($(left) s left)"

@@ -31,7 +31,7 @@ type Error = Box<dyn std::error::Error>;
 type Binding = (u32, u32, vk::DescriptorType);
 
 const USAGE: &str = "usage: kernel_stats [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 32768] \
-[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision auto|exact|fast (default auto)] [--exact SINK,RECENT[,kmean]] [--dump DIR]";
+[--codecs none,...|all] [--splits 64] [--wg 128] [--module step|chunk] [--precision auto|exact|fast (default auto)] [--exact SINK,RECENT[,kmean]] [--matrix 16|8 [--matrix-rows R]] [--dump DIR]";
 
 struct Args {
     model: String,
@@ -49,6 +49,10 @@ struct Args {
     /// Tokens kept exact (`--exact SINK,RECENT[,kmean]`): their kernels take the exact
     /// workgroup's path too.
     exact: kvq::ExactTokens,
+    /// `--matrix F`: the chunk module's prefill kernel on cooperative matrices of F x F
+    /// (`KernelConfig::matrix`, `--matrix-rows`: its rows a workgroup, default 2 F), compiled
+    /// with `VK_KHR_cooperative_matrix`.
+    matrix: Option<kvq::MatrixUnits>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -62,7 +66,9 @@ fn parse_args() -> Result<Args, String> {
         dump: None,
         precision: kvq::Precision::Auto,
         exact: kvq::ExactTokens::NONE,
+        matrix: None,
     };
+    let mut rows = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -74,6 +80,8 @@ fn parse_args() -> Result<Args, String> {
             "--splits" => a.splits = num(value()?)?,
             "--wg" => a.workgroup = num(value()?)?,
             "--dump" => a.dump = Some(value()?),
+            "--matrix" => a.matrix = Some(kvq::MatrixUnits::new(num(value()?)?, false)),
+            "--matrix-rows" => rows = Some(num(value()?)?),
             "--precision" => {
                 a.precision = value()?
                     .parse()
@@ -95,6 +103,18 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
+    if let Some(m) = &mut a.matrix {
+        m.rows = rows.unwrap_or(m.rows);
+        if ![16, 8].contains(&m.fragment) || ![m.fragment, 2 * m.fragment].contains(&m.rows) {
+            return Err(format!(
+                "--matrix {} --matrix-rows {}: kvq's matrix kernels take fragments of 16 or 8, rows F or 2 F",
+                m.fragment, m.rows
+            ));
+        }
+        // (The matrix kernel is the chunk module's prefill entry, with f16 products.)
+        a.module = KernelModule::Chunk;
+        a.precision = kvq::Precision::Fast;
+    }
     Ok(a)
 }
 
@@ -102,14 +122,21 @@ fn parse_args() -> Result<Args, String> {
 /// buffer access 2 (buffer accesses left to the driver) with kvq's runtime checks (indices
 /// clamped where `clamp`: `KernelConfig::clamps_indices`), and the bindings it declares:
 /// (group, binding, descriptor type).
-fn spirv(src: &str, entry: &str, clamp: bool) -> Result<(Vec<u32>, Vec<Binding>), Error> {
+/// With `matrix`, cooperative matrices and SPIR-V 1.6 (wgpu's choice on Vulkan 1.3).
+fn spirv(
+    src: &str,
+    entry: &str,
+    clamp: bool,
+    matrix: bool,
+) -> Result<(Vec<u32>, Vec<Binding>), Error> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
-    let info = Validator::new(
-        ValidationFlags::all(),
-        Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SHADER_FLOAT16,
-    )
-    .validate(&module)
-    .map_err(|e| e.emit_to_string(src))?;
+    let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SHADER_FLOAT16;
+    if matrix {
+        caps |= Capabilities::COOPERATIVE_MATRIX | Capabilities::SUBGROUP;
+    }
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(src))?;
     let stage = naga::ShaderStage::Compute;
     let (module, info) = naga::back::pipeline_constants::process_overrides(
         &module,
@@ -128,7 +155,7 @@ fn spirv(src: &str, entry: &str, clamp: bool) -> Result<(Vec<u32>, Vec<Binding>)
         }
     }
     let opts = spv::Options {
-        lang_version: (1, 3),
+        lang_version: if matrix { (1, 6) } else { (1, 3) },
         bounds_check_policies: naga::proc::BoundsCheckPolicies {
             index: if clamp {
                 naga::proc::BoundsCheckPolicy::Restrict
@@ -165,14 +192,19 @@ struct Vulkan {
 }
 
 impl Vulkan {
-    /// `f16`: with shaderFloat16 (the f16 prefill kernel's SPIR-V needs it).
-    fn new(f16: bool) -> Result<Vulkan, Error> {
+    /// `f16`: with shaderFloat16 (the f16 prefill kernel's SPIR-V needs it); `matrix`: with
+    /// `VK_KHR_cooperative_matrix` and the Vulkan memory model, as wgpu asks for them.
+    fn new(f16: bool, matrix: bool) -> Result<Vulkan, Error> {
         let ext = ash::khr::pipeline_executable_properties::NAME;
         // SAFETY: plain Vulkan calls with valid create infos; every handle outlives its uses.
         unsafe {
             let entry = ash::Entry::load()?;
-            // (1.2: the f16 feature is chained as Vulkan 1.2 features.)
-            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+            // (1.2: the f16 feature is chained as Vulkan 1.2 features; 1.3 for SPIR-V 1.6.)
+            let api = match matrix {
+                true => vk::API_VERSION_1_3,
+                false => vk::API_VERSION_1_2,
+            };
+            let app = vk::ApplicationInfo::default().api_version(api);
             let instance = entry.create_instance(
                 &vk::InstanceCreateInfo::default().application_info(&app),
                 None,
@@ -205,15 +237,26 @@ impl Vulkan {
             let queues = [vk::DeviceQueueCreateInfo::default()
                 .queue_family_index(family)
                 .queue_priorities(&prio)];
-            let exts = [ext.as_ptr()];
+            let mut exts = vec![ext.as_ptr()];
+            if matrix {
+                exts.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+            }
             let mut feat = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
                 .pipeline_executable_info(true);
-            let mut f12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(f16);
-            let info = vk::DeviceCreateInfo::default()
+            let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
+                .shader_float16(f16)
+                .vulkan_memory_model(matrix)
+                .vulkan_memory_model_device_scope(matrix);
+            let mut coop =
+                vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+            let mut info = vk::DeviceCreateInfo::default()
                 .queue_create_infos(&queues)
                 .enabled_extension_names(&exts)
                 .push_next(&mut feat)
                 .push_next(&mut f12);
+            if matrix {
+                info = info.push_next(&mut coop);
+            }
             let device = instance.create_device(pd, &info, None)?;
             let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
             Ok(Vulkan {
@@ -234,9 +277,10 @@ impl Vulkan {
         src: &str,
         entry: &str,
         clamp: bool,
+        matrix: bool,
         dump: Option<&str>,
     ) -> Result<Vec<String>, Error> {
-        let (words, bindings) = spirv(src, entry, clamp)?;
+        let (words, bindings) = spirv(src, entry, clamp, matrix)?;
         let d = &self.device;
         // SAFETY: as in `new`; everything created here is destroyed before returning.
         unsafe {
@@ -349,9 +393,9 @@ fn run() -> Result<(), Error> {
         .map(|n| KvCodecs::parse(n).map(|c| (n, c, args.precision.resolve(&c))))
         .collect::<Result<Vec<_>, _>>()?;
     let half = codecs.iter().any(|&(_, _, p)| p == kvq::Precision::Fast);
-    let vk = Vulkan::new(half)?;
+    let vk = Vulkan::new(half, args.matrix.is_some())?;
     println!(
-        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {}, exact {}+{}{})",
+        "{} — {} ctx {} (splits {}, workgroup {}, module {}, precision {}, exact {}+{}{}, matrix {:?})",
         vk.name,
         args.model,
         args.ctx,
@@ -361,7 +405,8 @@ fn run() -> Result<(), Error> {
         args.precision.name(),
         args.exact.sink,
         args.exact.recent,
-        if args.exact.k_mean { " kmean" } else { "" }
+        if args.exact.k_mean { " kmean" } else { "" },
+        args.matrix
     );
     for (name, c, precision) in codecs {
         let cfg = KernelConfig {
@@ -385,7 +430,7 @@ fn run() -> Result<(), Error> {
             // NVIDIA GPUs compile them.)
             baked_shape: kvq::tuning::BAKED_ON_NVIDIA,
             precision,
-            matrix: None,
+            matrix: args.matrix,
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.
@@ -399,7 +444,9 @@ fn run() -> Result<(), Error> {
                 .dump
                 .as_ref()
                 .map(|dir| format!("{dir}/{}-{entry}", name.replace(['=', ',', '+'], "_")));
-            let stats = vk.pipeline_stats(&src, entry, cfg.clamps_indices(), dump.as_deref())?;
+            let matrix = cfg.matrix.is_some();
+            let stats =
+                vk.pipeline_stats(&src, entry, cfg.clamps_indices(), matrix, dump.as_deref())?;
             let p = cfg.precision.name();
             println!("{name:<24} {entry:<7} {p:<5} {}", stats.join(", "));
         }
