@@ -34,6 +34,11 @@ for round in $(seq 1 ${ROUNDS:-1}); do
   done
 done
 short=${SHORT-1,4,8}
+echo "== anchor ($(left) s left)"
+PYTHONUNBUFFERED=1 timeout $(( $(left) < 150 ? $(left) : 150 )) python3 bench/anchor_torch_chunk.py --layers 36 \
+  --q-heads 32 --kv-heads 8 --head-dim 128 --ctx 32768 --n "$queries${short:+,$short}" \
+  > "$out/anchor-chunk-$tag.jsonl" 2> "$out/anchor-chunk-$tag.err"
+cat "$out/anchor-chunk-$tag.jsonl"
 if [ -n "$short" ]; then
   for m in off on; do
     echo "== short chunks, matrix $m ($(left) s left)"
@@ -51,8 +56,3 @@ if [ -x $bin/kernel_stats ]; then
       --dump "$out/sass-rows$rows" 2>&1 | tee "$out/kernel-stats-rows$rows-$tag.txt" | cut -c1-200
   done
 fi
-echo "== anchor ($(left) s left)"
-PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) python3 bench/anchor_torch_chunk.py --layers 36 \
-  --q-heads 32 --kv-heads 8 --head-dim 128 --ctx 32768 --n "$queries${short:+,$short}" \
-  > "$out/anchor-chunk-$tag.jsonl" 2> "$out/anchor-chunk-$tag.err"
-cat "$out/anchor-chunk-$tag.jsonl"
