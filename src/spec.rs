@@ -184,14 +184,21 @@ pub const EXACT_CHUNK_SLICE: u32 = 64;
 /// Most exact tokens a cache keeps per sequence (`sink + recent`).
 pub const MAX_EXACT_TOKENS: u32 = 4096;
 
-/// The head sizes kvq's GPU kernels serve are multiples of this from [`MIN_HEAD_DIM`] to
-/// [`MAX_HEAD_DIM`]: the one statement of the rule, which [`CacheSpec::validate`] and
-/// [`crate::KernelConfig::check`] apply. A codec may ask more ([`crate::Codec::check_head_dim`]).
-pub const HEAD_DIM_MULTIPLE: u32 = 32;
-/// The smallest head size the GPU kernels serve ([`HEAD_DIM_MULTIPLE`]).
+/// The head sizes kvq serves, the one statement of the rule ([`check_head_dims`], which
+/// [`CacheSpec::validate`] and [`crate::KernelConfig::check`] apply): K and V widths each a
+/// multiple of [`HEAD_DIM_MULTIPLE`] from [`MIN_HEAD_DIM`] to [`MAX_HEAD_DIM`], or one pair of
+/// [`MLA_HEAD_DIMS`] (multi-head latent attention). A codec may ask more of its side's width
+/// ([`crate::Codec::check_head_dim`]: sym and turbo a multiple of 32).
+pub const HEAD_DIM_MULTIPLE: u32 = 8;
+/// The smallest head size ([`HEAD_DIM_MULTIPLE`]).
 pub const MIN_HEAD_DIM: u32 = 32;
-/// The largest head size the GPU kernels serve ([`HEAD_DIM_MULTIPLE`]).
+/// The largest head size but the MLA pairs ([`HEAD_DIM_MULTIPLE`]).
 pub const MAX_HEAD_DIM: u32 = 256;
+/// The (K, V) widths of multi-head latent attention beyond [`MAX_HEAD_DIM`]: the absorbed
+/// form's latent (512) with and without its rotary part (64).
+pub const MLA_HEAD_DIMS: [(u32, u32); 2] = [(512, 512), (576, 512)];
+/// The largest GQA ratio (query heads per KV head).
+pub const MAX_GQA: u32 = 128;
 
 /// Which of the kernels' shape rules a shape breaks ([`check_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,26 +208,53 @@ pub(crate) enum ShapeRule {
     Workgroup,
 }
 
+/// The head-size rule ([`HEAD_DIM_MULTIPLE`]) for K width `dk` and V width `dv`; the error
+/// says which width breaks it and how.
+pub fn check_head_dims(dk: u32, dv: u32) -> std::result::Result<(), String> {
+    let plain =
+        |d: u32| d.is_multiple_of(HEAD_DIM_MULTIPLE) && (MIN_HEAD_DIM..=MAX_HEAD_DIM).contains(&d);
+    if (plain(dk) && plain(dv)) || MLA_HEAD_DIMS.contains(&(dk, dv)) {
+        return Ok(());
+    }
+    let what = if dk == dv {
+        format!("head_dim {dk}")
+    } else {
+        format!("K width {dk} with V width {dv}")
+    };
+    Err(format!(
+        "{what}: kvq serves K and V widths that are each a multiple of {HEAD_DIM_MULTIPLE} from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}, or the MLA pairs (K, V) = {MLA_HEAD_DIMS:?}"
+    ))
+}
+
+/// What the GPU kernels serve of the head-size rule today: one width for K and V, a multiple
+/// of 32 (their row loops take 32 values at a time). The rest of [`check_head_dims`]' shapes
+/// are refused, typed, naming this.
+const KERNEL_HEAD_DIM_MULTIPLE: u32 = 32;
+
 /// The shapes kvq's kernels are written for, and audited for running without wgpu's index
 /// clamps ([`crate::KernelConfig::clamps_indices`]): the one copy of these rules, read by
 /// [`CacheSpec::validate`] and by [`crate::KernelConfig::check`], which guards every module's
 /// assembly and [`crate::export`]. `workgroup`: `None` where the device picks it (always a
 /// valid size). The error names the rule and says why.
 pub(crate) fn check_shape(
-    head_dim: u32,
+    dk: u32,
+    dv: u32,
     gqa: u32,
     workgroup: Option<u32>,
 ) -> std::result::Result<(), (ShapeRule, String)> {
-    if !head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
-        || !(MIN_HEAD_DIM..=MAX_HEAD_DIM).contains(&head_dim)
-    {
+    check_head_dims(dk, dv).map_err(|why| (ShapeRule::HeadDim, why))?;
+    if dk != dv || !dk.is_multiple_of(KERNEL_HEAD_DIM_MULTIPLE) || dk > MAX_HEAD_DIM {
         let why = format!(
-            "kvq's kernels need a multiple of {HEAD_DIM_MULTIPLE} between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}"
+            "kvq's GPU kernels serve one width for K and V, a multiple of {KERNEL_HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} (K {dk}, V {dv})"
         );
         return Err((ShapeRule::HeadDim, why));
     }
-    if !(1..=8).contains(&gqa) {
-        let why = format!("GQA ratio {gqa} is outside the supported 1 to 8");
+    if !(1..=MAX_GQA).contains(&gqa) {
+        let why = format!("GQA ratio {gqa} is outside the supported 1 to {MAX_GQA}");
+        return Err((ShapeRule::Gqa, why));
+    }
+    if gqa > 8 {
+        let why = format!("GQA ratio {gqa}: kvq's GPU kernels serve 1 to 8");
         return Err((ShapeRule::Gqa, why));
     }
     if let Some(w) = workgroup
@@ -232,6 +266,48 @@ pub(crate) fn check_shape(
     Ok(())
 }
 
+/// Where a cache's sink logits come from ([`CacheSpec::with_sink_logits`]): `[layers,
+/// q_heads]` f32, one logit per query head of every layer, which joins every softmax's
+/// denominator of that head and carries no value (gpt-oss's learned attention sinks; not
+/// [`CacheSpec::with_exact`]'s sink tokens). The cache copies them into its own constants
+/// when it is built: later changes to the source do not reach it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SinkLogits {
+    /// Values on the host (finite).
+    Host(Vec<f32>),
+    /// A buffer of the cache's device with `COPY_SRC` usage, its first `layers * q_heads * 4`
+    /// bytes (finite f32; a non-finite logit gives non-finite outputs).
+    Buffer(wgpu::Buffer),
+}
+
+impl From<Vec<f32>> for SinkLogits {
+    fn from(v: Vec<f32>) -> SinkLogits {
+        SinkLogits::Host(v)
+    }
+}
+
+impl From<&[f32]> for SinkLogits {
+    fn from(v: &[f32]) -> SinkLogits {
+        SinkLogits::Host(v.to_vec())
+    }
+}
+
+impl From<wgpu::Buffer> for SinkLogits {
+    fn from(b: wgpu::Buffer) -> SinkLogits {
+        SinkLogits::Buffer(b)
+    }
+}
+
+impl From<&wgpu::Buffer> for SinkLogits {
+    fn from(b: &wgpu::Buffer) -> SinkLogits {
+        SinkLogits::Buffer(b.clone())
+    }
+}
+
+/// Ring slots a layer with a window of its own keeps beyond the window by default
+/// ([`CacheSpec::window_slack`]).
+pub const DEFAULT_WINDOW_SLACK: u32 = 256;
+
 /// What a [`crate::KvCache`] holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheSpec {
@@ -241,10 +317,15 @@ pub struct CacheSpec {
     pub q_heads: u32,
     /// KV heads per token (`q_heads / kv_heads` is the GQA ratio; it must divide evenly).
     pub kv_heads: u32,
-    /// Values per head vector: what the kernels serve ([`HEAD_DIM_MULTIPLE`]) and the
-    /// codecs do (anything else is [`crate::KvqError::UnsupportedHeadDim`]); 64, 96, 128 and
-    /// 256 are the ones tested against the reference.
+    /// Values per K vector (and per query), and per V vector unless
+    /// [`CacheSpec::v_head_dim`] sets V's: what the head-size rule allows
+    /// ([`HEAD_DIM_MULTIPLE`]) and the codecs serve (anything else is
+    /// [`crate::KvqError::UnsupportedHeadDim`]).
     pub head_dim: u32,
+    /// Values per V vector (and per output row); `None`: [`CacheSpec::head_dim`]. K and V of
+    /// different widths are multi-head latent attention's (K 576, V 512) or an unabsorbed
+    /// MLA's (K 192, V 128).
+    pub v_head_dim: Option<u32>,
     /// Tokens each sequence can hold (at most [`MAX_CAPACITY`]). With a [`CacheSpec::window`],
     /// the ring of slots holding each sequence's last `capacity` tokens.
     pub capacity: u32,
@@ -255,12 +336,32 @@ pub struct CacheSpec {
     /// can roll back past the point where the ring wrapped. `None`: attend everything, and an
     /// append past `capacity` is refused.
     pub window: Option<u32>,
+    /// A window per layer (`None`: that layer attends everything), for models whose local
+    /// layers alternate with global ones (Gemma 2 and 3, gpt-oss): `layers` entries. A layer
+    /// with a window keeps a ring of [`CacheSpec::layer_capacity`] slots (its window plus
+    /// [`CacheSpec::window_slack`]), so its store holds only that: the cache's memory is the
+    /// global layers' `capacity` and the local layers' rings ([`crate::KvCache::memory`]).
+    /// Not with [`CacheSpec::window`] (which gives every layer one window in a ring of
+    /// `capacity`).
+    pub layer_windows: Option<Vec<Option<u32>>>,
+    /// Ring slots a layer with a window of its own ([`CacheSpec::layer_windows`]) keeps
+    /// beyond its window: how far [`crate::KvCache::truncate`] can roll such a layer back once
+    /// its ring has wrapped, and the most new tokens a chunk appends before it attends them
+    /// (a longer chunk is appended and attended slice by slice). [`DEFAULT_WINDOW_SLACK`] by
+    /// default.
+    pub window_slack: u32,
     /// Independent sequences in the cache (each with its own length on the GPU).
     pub batch: u32,
     /// Codecs for K and V.
     pub codecs: KvCodecs,
     /// Softmax scale; `None` means `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Logit softcap `c` (Gemma 2: 50): each scaled score `s` becomes `c · tanh(s / c)`
+    /// before the softmax, in every kernel that attends. `None`: no cap.
+    pub softcap: Option<f32>,
+    /// Sink logits ([`SinkLogits`]): one per query head of each layer, in every softmax's
+    /// denominator. `None`: no sink logit.
+    pub sink_logits: Option<SinkLogits>,
     /// Seed of the codecs' fixed random rotations.
     pub seed: u64,
     /// Workgroups each KV head's sequence is split over in decode; `None` picks from the
@@ -318,10 +419,15 @@ impl CacheSpec {
             kv_heads,
             head_dim,
             capacity,
+            v_head_dim: None,
             batch: 1,
             window: None,
+            layer_windows: None,
+            window_slack: DEFAULT_WINDOW_SLACK,
             codecs: KvCodecs::NONE,
             scale: None,
+            softcap: None,
+            sink_logits: None,
             seed: 0x6b76_715f_7365_6564,
             splits: None,
             chunk_splits: None,
@@ -348,6 +454,40 @@ impl CacheSpec {
     /// Makes the cache a sliding window of `window` tokens (see [`CacheSpec::window`]).
     pub fn with_window(mut self, window: u32) -> CacheSpec {
         self.window = Some(window);
+        self
+    }
+
+    /// Gives each layer its own window (`None`: global), `layers` entries
+    /// ([`CacheSpec::layer_windows`]).
+    pub fn with_layer_windows(mut self, windows: Vec<Option<u32>>) -> CacheSpec {
+        self.layer_windows = Some(windows);
+        self
+    }
+
+    /// Sets the ring slots a layer with a window of its own keeps beyond it
+    /// ([`CacheSpec::window_slack`]).
+    pub fn with_window_slack(mut self, tokens: u32) -> CacheSpec {
+        self.window_slack = tokens;
+        self
+    }
+
+    /// Sets V's width apart from K's ([`CacheSpec::v_head_dim`]).
+    pub fn with_v_head_dim(mut self, v_head_dim: u32) -> CacheSpec {
+        self.v_head_dim = Some(v_head_dim);
+        self
+    }
+
+    /// Caps every scaled score at `c` (`c · tanh(s / c)`, [`CacheSpec::softcap`]); `c` must
+    /// be finite and positive.
+    pub fn with_softcap(mut self, c: f32) -> CacheSpec {
+        self.softcap = Some(c);
+        self
+    }
+
+    /// Adds sink logits, `[layers, q_heads]` f32 from a host slice or a GPU buffer
+    /// ([`SinkLogits`]).
+    pub fn with_sink_logits(mut self, logits: impl Into<SinkLogits>) -> CacheSpec {
+        self.sink_logits = Some(logits.into());
         self
     }
 
@@ -399,6 +539,42 @@ impl CacheSpec {
         self.q_heads / self.kv_heads.max(1)
     }
 
+    /// V's width ([`CacheSpec::v_head_dim`], else [`CacheSpec::head_dim`]).
+    pub fn v_width(&self) -> u32 {
+        self.v_head_dim.unwrap_or(self.head_dim)
+    }
+
+    /// Layer `layer`'s window: its own ([`CacheSpec::layer_windows`]), else the cache's
+    /// ([`CacheSpec::window`]); `None` where it attends everything.
+    pub fn layer_window(&self, layer: u32) -> Option<u32> {
+        match &self.layer_windows {
+            Some(w) => w.get(layer as usize).copied().flatten(),
+            None => self.window,
+        }
+    }
+
+    /// Whether any layer has a window (then `capacity` no longer bounds a sequence's length:
+    /// a ring never fills).
+    pub fn any_window(&self) -> bool {
+        self.window.is_some() || self.layer_windows.iter().flatten().any(Option::is_some)
+    }
+
+    /// Token slots layer `layer` keeps per sequence: the capacity, but for a layer with a
+    /// window of its own ([`CacheSpec::layer_windows`]) a ring of its window plus
+    /// [`CacheSpec::window_slack`] (in whole blocks of 32 slots, at most the capacity).
+    pub fn layer_capacity(&self, layer: u32) -> u32 {
+        let own = self
+            .layer_windows
+            .as_ref()
+            .and_then(|w| w.get(layer as usize));
+        match own.copied().flatten() {
+            Some(w) => (w as u64 + self.window_slack as u64)
+                .next_multiple_of(crate::kernels::K_BLOCK as u64)
+                .min(self.capacity as u64) as u32,
+            None => self.capacity,
+        }
+    }
+
     /// The softmax scale in effect.
     pub fn softmax_scale(&self) -> f32 {
         self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
@@ -433,10 +609,34 @@ impl CacheSpec {
                 self.capacity
             ));
         }
+        if let Some(ws) = &self.layer_windows {
+            if self.window.is_some() {
+                return bad(
+                    "a window per layer (layer_windows) and one window for every layer (window) cannot both be set"
+                        .into(),
+                );
+            }
+            if ws.len() != self.layers as usize {
+                return bad(format!(
+                    "a window per layer: {} entries for {} layers",
+                    ws.len(),
+                    self.layers
+                ));
+            }
+            if let Some((l, w)) = ws.iter().enumerate().find_map(|(l, w)| {
+                w.filter(|w| !(1..=self.capacity).contains(w))
+                    .map(|w| (l, w))
+            }) {
+                return bad(format!(
+                    "layer {l}'s window {w} must be between 1 and the capacity ({})",
+                    self.capacity
+                ));
+            }
+        }
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
         }
-        if self.exact.any() && self.window.is_some() {
+        if self.exact.any() && self.any_window() {
             return bad(
                 "exact tokens (CacheSpec::exact) are not supported with a sliding window".into(),
             );
@@ -473,6 +673,20 @@ impl CacheSpec {
         {
             return bad(format!("softmax scale {s} must be finite and positive"));
         }
+        if let Some(c) = self.softcap
+            && !(c.is_finite() && c > 0.0)
+        {
+            return bad(format!("softcap {c} must be finite and positive"));
+        }
+        self.check_sink_logits()?;
+        if self.exact.k_mean && (self.softcap.is_some() || self.sink_logits.is_some()) {
+            // Scores taken against K less its mean are shifted by q . mean: the softmax is
+            // unchanged, but a cap of the shifted score or a sink beside it is not.
+            return bad(
+                "K's mean (ExactTokens::k_mean) shifts every score, which a softcap or sink logits would not follow: not with either"
+                    .into(),
+            );
+        }
         for (what, splits) in [("splits", self.splits), ("chunk splits", self.chunk_splits)] {
             if let Some(s) = splits
                 && !(1..=1024).contains(&s)
@@ -480,8 +694,8 @@ impl CacheSpec {
                 return bad(format!("{what} {s} must be between 1 and 1024"));
             }
         }
-        // The kernels' shape rules: head_dim, GQA ratio, workgroup.
-        check_shape(self.head_dim, self.gqa(), self.workgroup).map_err(
+        // The kernels' shape rules: head sizes, GQA ratio, workgroup.
+        check_shape(self.head_dim, self.v_width(), self.gqa(), self.workgroup).map_err(
             |(rule, reason)| match rule {
                 ShapeRule::HeadDim => KvqError::UnsupportedHeadDim {
                     head_dim: self.head_dim,
@@ -501,8 +715,61 @@ impl CacheSpec {
             ));
         }
         // Both codecs and the pair (the QJL residual is for K only).
-        self.codecs.check_head_dim(self.head_dim)?;
+        self.codecs.check_widths(self.head_dim, self.v_width())?;
         Ok(())
+    }
+
+    /// The sink logits' length and values (a host slice) or size and usage (a buffer).
+    fn check_sink_logits(&self) -> Result<()> {
+        let want = self.layers as usize * self.q_heads as usize;
+        match &self.sink_logits {
+            None => Ok(()),
+            Some(SinkLogits::Host(v)) => {
+                if v.len() != want {
+                    return Err(KvqError::WrongLength {
+                        what: format!(
+                            "sink logits ([layers, q_heads] = [{}, {}])",
+                            self.layers, self.q_heads
+                        ),
+                        expected: want,
+                        got: v.len(),
+                    });
+                }
+                match v.iter().position(|x| !x.is_finite()) {
+                    Some(i) => Err(KvqError::InvalidSpec(format!(
+                        "sink logit {i} (layer {}, query head {}) is {}: sink logits must be finite",
+                        i / self.q_heads as usize,
+                        i % self.q_heads as usize,
+                        v[i]
+                    ))),
+                    None => Ok(()),
+                }
+            }
+            Some(SinkLogits::Buffer(b)) => {
+                let need = want as u64 * 4;
+                if b.size() < need {
+                    return Err(KvqError::BadBuffer {
+                        what: "sink logits".into(),
+                        problem: format!(
+                            "{} bytes, needs at least {need} ([layers, q_heads] = [{}, {}] f32)",
+                            b.size(),
+                            self.layers,
+                            self.q_heads
+                        ),
+                    });
+                }
+                if !b.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+                    return Err(KvqError::BadBuffer {
+                        what: "sink logits".into(),
+                        problem: format!(
+                            "usage {:?} lacks COPY_SRC (the cache copies them)",
+                            b.usage()
+                        ),
+                    });
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -542,5 +809,97 @@ mod tests {
         assert_eq!(Precision::Fast.resolve(&KvCodecs::NONE), Precision::Fast);
         assert_eq!(CacheSpec::new(1, 8, 2, 64, 16).precision, Precision::Auto);
         assert_eq!("auto".parse::<Precision>().unwrap(), Precision::Auto);
+    }
+
+    #[test]
+    fn each_options_bad_input_is_a_typed_error_naming_it() {
+        let base = || CacheSpec::new(2, 8, 2, 64, 1024);
+        let msg = |s: CacheSpec| s.validate().unwrap_err().to_string();
+        // Sink logits: [layers, q_heads] finite values.
+        assert!(matches!(
+            base().with_sink_logits(vec![0.0; 8]).validate(),
+            Err(KvqError::WrongLength {
+                expected: 16,
+                got: 8,
+                ..
+            })
+        ));
+        let mut nan = vec![0.0; 16];
+        nan[9] = f32::NAN;
+        assert!(msg(base().with_sink_logits(nan)).contains("layer 1, query head 1"));
+        assert!(base().with_sink_logits(vec![0.5; 16]).validate().is_ok());
+        // Softcap: finite and positive.
+        for c in [0.0, -1.0, f32::INFINITY, f32::NAN] {
+            assert!(msg(base().with_softcap(c)).contains("softcap"), "{c}");
+        }
+        assert!(base().with_softcap(50.0).validate().is_ok());
+        // A window per layer: one entry a layer, each within the capacity, not beside one
+        // window for all.
+        assert!(msg(base().with_layer_windows(vec![Some(4)])).contains("1 entries for 2 layers"));
+        assert!(msg(base().with_layer_windows(vec![None, Some(0)])).contains("layer 1's window 0"));
+        assert!(msg(base().with_layer_windows(vec![None, Some(2000)])).contains("2000"));
+        assert!(msg(base().with_window(8).with_layer_windows(vec![None, None])).contains("both"));
+        assert!(
+            msg(base()
+                .with_layer_windows(vec![Some(8), None])
+                .with_exact(4, 4))
+            .contains("exact")
+        );
+        // K's mean shifts scores: not with a cap or sinks.
+        let kmean = || base().with_exact(4, 0).with_k_mean();
+        assert!(msg(kmean().with_softcap(30.0)).contains("shifts"));
+        assert!(msg(kmean().with_sink_logits(vec![0.0; 16])).contains("shifts"));
+    }
+
+    #[test]
+    fn the_head_size_rule_is_multiples_of_8_from_32_to_256_and_the_mla_pairs() {
+        for (dk, dv) in [
+            (32, 32),
+            (40, 40),
+            (80, 80),
+            (192, 128),
+            (256, 256),
+            (576, 512),
+            (512, 512),
+        ] {
+            assert!(check_head_dims(dk, dv).is_ok(), "{dk} {dv}");
+        }
+        for (dk, dv) in [
+            (24, 24),
+            (44, 44),
+            (264, 264),
+            (512, 576),
+            (576, 576),
+            (640, 512),
+        ] {
+            let e = check_head_dims(dk, dv).unwrap_err();
+            assert!(
+                e.contains(&dk.to_string()) && e.contains("multiple of 8"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_layer_with_a_window_of_its_own_keeps_its_window_and_the_slack_in_whole_blocks() {
+        let s = CacheSpec::new(6, 8, 4, 256, 32768).with_layer_windows(vec![
+            Some(1024),
+            Some(1024),
+            None,
+            Some(100),
+            Some(32768),
+            None,
+        ]);
+        assert_eq!(s.layer_capacity(0), 1024 + DEFAULT_WINDOW_SLACK);
+        assert_eq!(s.layer_capacity(2), 32768);
+        // 100 + 256 in whole blocks of 32, and never past the capacity.
+        assert_eq!(s.layer_capacity(3), 384);
+        assert_eq!(s.layer_capacity(4), 32768);
+        assert_eq!(s.clone().with_window_slack(0).layer_capacity(3), 128);
+        assert_eq!((s.layer_window(2), s.layer_window(3)), (None, Some(100)));
+        assert!(s.any_window() && !CacheSpec::new(1, 1, 1, 64, 8).any_window());
+        // One window for all layers: every layer a ring of the capacity.
+        let w = CacheSpec::new(2, 1, 1, 64, 512).with_window(100);
+        assert_eq!((w.layer_window(1), w.layer_capacity(1)), (Some(100), 512));
     }
 }

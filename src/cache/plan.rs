@@ -66,6 +66,13 @@ pub(super) fn plan(
     matrix: Option<crate::MatrixUnits>,
 ) -> Result<Plan> {
     spec.validate()?;
+    // (The options the kernels do not serve yet, typed.)
+    if spec.layer_windows.is_some() || spec.softcap.is_some() || spec.sink_logits.is_some() {
+        return Err(KvqError::InvalidSpec(
+            "a window per layer, a softcap and sink logits are not served by the GPU kernels yet"
+                .into(),
+        ));
+    }
     let too_weak = |what: String, needed: u64, have: u64| KvqError::AdapterTooWeak {
         adapter: adapter.into(),
         what,

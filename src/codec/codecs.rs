@@ -269,11 +269,12 @@ impl Codec {
     }
 
     /// Checks that this codec's rows (its layout and CPU reference) can hold vectors of
-    /// `head_dim` values; a cache's GPU kernels need more ([`crate::spec::HEAD_DIM_MULTIPLE`]).
-    /// Every codec serves 64, 96, 128 and 256. Rules: `8 <= head_dim <= 256` and a multiple of
-    /// 8 for all codecs; additionally a multiple of 32 for sym (its scale blocks) and turbo
-    /// (its Hadamard blocks). Iso needs a multiple of 4 and rotor anything, both implied by
-    /// the base rule.
+    /// `head_dim` values; a cache's head sizes follow [`crate::spec::HEAD_DIM_MULTIPLE`]'s
+    /// rule besides. Rules: `8 <= head_dim <= 576` and a multiple of 8 for all codecs;
+    /// additionally a multiple of 32 for sym (its scale blocks) and turbo (its Hadamard
+    /// blocks: one per power of two of the width's binary decomposition, each at least 32, so
+    /// 96 is rotated as 64 + 32 and 576 as 512 + 64). Iso needs a multiple of 4 and rotor
+    /// anything (its last group of 3 is padded), both implied by the base rule.
     pub fn check_head_dim(&self, head_dim: u32) -> Result<(), KvqError> {
         self.validate()?;
         let err = |reason: &str| {
@@ -283,8 +284,8 @@ impl Codec {
                 reason: reason.into(),
             })
         };
-        if !head_dim.is_multiple_of(8) || !(8..=256).contains(&head_dim) {
-            return err("head_dim must be a multiple of 8 between 8 and 256");
+        if !head_dim.is_multiple_of(8) || !(8..=576).contains(&head_dim) {
+            return err("head_dim must be a multiple of 8 between 8 and 576");
         }
         match self.kind.family().head_dim_multiple {
             Some((m, why)) if !head_dim.is_multiple_of(m) => err(why),
@@ -480,12 +481,17 @@ impl KvCodecs {
 
     /// Checks both codecs against `head_dim` and that V does not use QJL.
     pub fn check_head_dim(&self, head_dim: u32) -> Result<(), KvqError> {
+        self.check_widths(head_dim, head_dim)
+    }
+
+    /// [`KvCodecs::check_head_dim`] with K `dk` and V `dv` values wide.
+    pub fn check_widths(&self, dk: u32, dv: u32) -> Result<(), KvqError> {
         if self.v.qjl {
             return Err(KvqError::InvalidSpec(
                 "the QJL residual (+qjl) applies to K only".into(),
             ));
         }
-        self.k.check_head_dim(head_dim)?;
-        self.v.check_head_dim(head_dim)
+        self.k.check_head_dim(dk)?;
+        self.v.check_head_dim(dv)
     }
 }

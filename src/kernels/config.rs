@@ -98,9 +98,9 @@ impl KernelConfig {
                 )));
             }
         }
-        check_shape(self.head_dim, self.gqa, Some(self.workgroup)).map_err(|(rule, why)| {
-            KvqError::InvalidSpec(format!("kernel config ({rule:?}): {why}"))
-        })?;
+        check_shape(self.head_dim, self.head_dim, self.gqa, Some(self.workgroup)).map_err(
+            |(rule, why)| KvqError::InvalidSpec(format!("kernel config ({rule:?}): {why}")),
+        )?;
         let counts = [
             self.kv_heads,
             self.batch,

@@ -249,7 +249,17 @@ fn unsupported_dims_are_typed_errors() {
     assert!(e(Codec::Q8, 40));
     assert!(e(Codec::turbo(3), 80));
     assert!(!e(Codec::iso(3), 40) && !e(Codec::rotor(3), 40));
-    assert!(e(Codec::iso(3), 42) && e(Codec::NONE, 512) && e(Codec::rotor(3), 0));
+    assert!(e(Codec::iso(3), 42) && e(Codec::NONE, 584) && e(Codec::rotor(3), 0));
+    // MLA's widths: every family's rows hold them (turbo as Hadamard blocks 512 + 64).
+    for c in [
+        Codec::NONE,
+        Codec::Q8,
+        Codec::turbo(3),
+        Codec::iso(3),
+        Codec::rotor(3),
+    ] {
+        assert!(!e(c, 512) && !e(c, 576), "{}", c.name());
+    }
     let bogus = Codec {
         kind: CodecKind::Sym,
         bits: 3,
