@@ -411,6 +411,7 @@ fn run() -> Result<(), Error> {
     for (name, c, precision) in codecs {
         let cfg = KernelConfig {
             head_dim,
+            v_head_dim: head_dim,
             gqa: q_heads / kv_heads,
             kv_heads,
             batch: 1,
@@ -422,6 +423,8 @@ fn run() -> Result<(), Error> {
             segments: 1,
             min_chunk: 32,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            sinks: false,
             workgroup: args.workgroup,
             k: c.k,
             v: c.v,

@@ -12,8 +12,11 @@ pub enum GridTerm {
     Batch,
     /// Query heads.
     QHeads,
-    /// KV heads × sequences (one decode workgroup per KV head of each sequence).
+    /// KV heads × sequences (one prefill workgroup per KV head of each sequence).
     KvHeadsBatch,
+    /// KV heads × sequences × row groups (one split workgroup per row group of the GQA group of
+    /// each KV head of each sequence: `ceil(gqa / 8)` of them, 1 up to GQA 8).
+    KvHeadsBatchRowGroups,
     /// Splits per storage segment (the decode's, or a chunk slice's own), plus the one for
     /// the tokens a fused step appends, plus one for the exact tokens where the cache keeps
     /// them ([`crate::ExactTokens`]).
@@ -43,6 +46,7 @@ impl GridTerm {
             GridTerm::Batch => "batch",
             GridTerm::QHeads => "q_heads",
             GridTerm::KvHeadsBatch => "kv_heads * batch",
+            GridTerm::KvHeadsBatchRowGroups => "kv_heads * batch * row_groups",
             GridTerm::SplitsPlusOne => "splits + 1 + exact",
             GridTerm::WideGroups => "wide_groups",
             GridTerm::Queries => "queries",
@@ -58,6 +62,7 @@ impl GridTerm {
             GridTerm::Batch => s.batch,
             GridTerm::QHeads => s.q_heads,
             GridTerm::KvHeadsBatch => s.kv_heads * s.batch,
+            GridTerm::KvHeadsBatchRowGroups => s.kv_heads * s.batch * s.row_groups,
             GridTerm::SplitsPlusOne => s.splits + 1 + s.exact,
             GridTerm::WideGroups => s.wide_groups,
             GridTerm::Queries => s.queries,
@@ -76,6 +81,9 @@ pub struct GridShape {
     pub q_heads: u32,
     /// KV heads.
     pub kv_heads: u32,
+    /// Split workgroups each KV head's GQA group of query heads is spread over:
+    /// `ceil(gqa / 8)`.
+    pub row_groups: u32,
     /// Splits per storage segment: the cache's decode splits (after its defaults and
     /// clamps), or for a chunk slice its own ([`crate::CacheSpec::chunk_splits`], at most
     /// those; the slice's params hold it for the kernels).
@@ -137,24 +145,24 @@ pub const APPEND_COMMIT: Dispatch = Dispatch {
     when: "once after every segment's append_wide (same group-0 bind group as the last one)",
 };
 
-/// Decode attention (and the fused step's append): one workgroup per KV head of each sequence
-/// and split; split 0 of each row attends the step's new tokens.
+/// Decode attention (and the fused step's append): one workgroup per row group of each KV
+/// head of each sequence and split; split 0 of each row attends the step's new tokens.
 pub const SPLIT: Dispatch = Dispatch {
     entry: "split",
     grid: [
-        GridTerm::KvHeadsBatch,
+        GridTerm::KvHeadsBatchRowGroups,
         GridTerm::SplitsPlusOne,
         GridTerm::One,
     ],
     when: "once per storage segment of the layer",
 };
 
-/// A chunk's attention: one workgroup per KV head of each sequence, split and group of
-/// `chunk_queries` new tokens.
+/// A chunk's attention: one workgroup per row group of each KV head of each sequence, split
+/// and group of `chunk_queries` new tokens.
 pub const CHUNK_SPLIT: Dispatch = Dispatch {
     entry: "split",
     grid: [
-        GridTerm::KvHeadsBatch,
+        GridTerm::KvHeadsBatchRowGroups,
         GridTerm::SplitsPlusOne,
         GridTerm::QueryGroups,
     ],
@@ -162,10 +170,15 @@ pub const CHUNK_SPLIT: Dispatch = Dispatch {
 };
 
 /// A rotated K's queries of a prefill slice rotated into its scratch, before [`PREFILL`]: one
-/// workgroup per KV head of each sequence and group of `chunk_queries` new tokens.
+/// workgroup per row group of each KV head of each sequence and group of `chunk_queries` new
+/// tokens.
 pub const PREFILL_Q: Dispatch = Dispatch {
     entry: "prefill_q",
-    grid: [GridTerm::KvHeadsBatch, GridTerm::One, GridTerm::QueryGroups],
+    grid: [
+        GridTerm::KvHeadsBatchRowGroups,
+        GridTerm::One,
+        GridTerm::QueryGroups,
+    ],
     when: "once per prefill slice, before its prefill dispatches, where K's codec is rotated (the first segment's group-0 bind group)",
 };
 
@@ -202,15 +215,19 @@ mod tests {
 
     #[test]
     fn rules_read_as_their_terms() {
-        assert_eq!(SPLIT.formula(), "(kv_heads * batch, splits + 1 + exact, 1)");
+        assert_eq!(
+            SPLIT.formula(),
+            "(kv_heads * batch * row_groups, splits + 1 + exact, 1)"
+        );
         assert_eq!(
             CHUNK_SPLIT.formula(),
-            "(kv_heads * batch, splits + 1 + exact, query_groups)"
+            "(kv_heads * batch * row_groups, splits + 1 + exact, query_groups)"
         );
         let s = GridShape {
             batch: 3,
             q_heads: 16,
             kv_heads: 4,
+            row_groups: 1,
             splits: 7,
             exact: 0,
             wide_groups: 9,
@@ -224,5 +241,13 @@ mod tests {
         assert_eq!(APPEND_WIDE.workgroups(&s), [9, 3, 1]);
         assert_eq!(PREFILL.workgroups(&s), [12, 8, 4]);
         assert_eq!(PREFILL_Q.workgroups(&s), [12, 1, 2]);
+        // GQA 16: two row groups of 8 heads for the split kernels, one tile grid for prefill.
+        let wide = GridShape {
+            q_heads: 64,
+            row_groups: 2,
+            ..s
+        };
+        assert_eq!(SPLIT.workgroups(&wide), [24, 8, 1]);
+        assert_eq!(PREFILL.workgroups(&wide), [12, 8, 4]);
     }
 }

@@ -113,8 +113,7 @@ pub enum KvqError {
         batch: u32,
     },
     /// An argument the call cannot take (no new tokens, a cut past a sequence's length or
-    /// past what a sliding window's ring still holds, a chunk longer than a sliding window
-    /// allows); nothing was changed.
+    /// past what a sliding window's ring still holds); nothing was changed.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// An io object ([`crate::AppendInput`], [`crate::AttendIo`], [`crate::StepIo`],

@@ -59,8 +59,11 @@
 //! [`KvCache::len`] counts what was recorded: if a recording is dropped instead of submitted,
 //! call [`KvCache::sync_lengths`] before the next append or cut.
 //!
-//! Attention is split-K flash decoding: one workgroup serves a whole GQA group, so every KV
-//! byte is read once per KV head; splits take whole 128-token tiles where the length allows.
+//! Attention is split-K flash decoding: one workgroup serves a whole GQA group of up to 8
+//! query heads, so every KV byte is read once per KV head; a larger group (any ratio up to
+//! 128) is spread over row groups of at most 8 heads, each reading the codes once for its
+//! rows, adjacent in dispatch order so that their reads of the same codes run together.
+//! Splits take whole 128-token tiles where the length allows.
 //! The split count is the adapter's [`tuning`] entry's unless [`CacheSpec::with_splits`] sets
 //! one: the measured devices get the largest grid that fits one wave of resident workgroups,
 //! a CPU driver 1–4, every other adapter one wave of a small GPU.
@@ -105,6 +108,18 @@
 //! slice size; by default the adapter's [`tuning`] entry does (the measured GPUs take it from
 //! 64 new tokens with f16 products, not for a QJL K). A slice's split count follows from its
 //! size ([`CacheSpec::with_chunk_splits`] sets one).
+//!
+//! # Sink logits, softcaps and head sizes
+//! [`CacheSpec::with_sink_logits`] gives each query head a logit that joins its softmax's
+//! denominator and carries no value (a host slice, or a GPU buffer copied in once);
+//! [`CacheSpec::with_softcap`] caps every scaled score `s` at `c · tanh(s / c)`. Every kernel
+//! that attends (the split kernel and its reduce, the fused step, both prefill kernels, the
+//! exact tokens) applies them, and the log-sum-exps count the sink. Both are uniforms, not
+//! kernel text. Head sizes are any multiple of 8 from 32 to 256 where the codecs' rows allow
+//! (sym and turbo blocks and a QJL residual need multiples of 32: typed errors otherwise).
+//! A window per layer ([`CacheSpec::with_layer_windows`]) and K and V of different widths
+//! (the MLA shapes) have the CPU reference ([`reference::Heads`]) only: the GPU kernels refuse
+//! them, typed.
 //!
 //! # Precision
 //! [`CacheSpec::with_precision`]: [`Precision::Auto`] (the default) is `Fast` for caches whose
@@ -173,6 +188,7 @@ pub use kernels::{InputType, KernelConfig, KernelModule};
 pub use memory::{MemoryReport, StoreBytes};
 pub use spec::{
     CacheSpec, EXACT_CHUNK_SLICE, ExactTokens, MAX_CAPACITY, MAX_EXACT_TOKENS, Precision,
+    SinkLogits,
 };
 pub use timer::{DispatchTimer, KernelTime};
 

@@ -226,11 +226,6 @@ pub fn check_head_dims(dk: u32, dv: u32) -> std::result::Result<(), String> {
     ))
 }
 
-/// What the GPU kernels serve of the head-size rule today: one width for K and V, a multiple
-/// of 32 (their row loops take 32 values at a time). The rest of [`check_head_dims`]' shapes
-/// are refused, typed, naming this.
-const KERNEL_HEAD_DIM_MULTIPLE: u32 = 32;
-
 /// The shapes kvq's kernels are written for, and audited for running without wgpu's index
 /// clamps ([`crate::KernelConfig::clamps_indices`]): the one copy of these rules, read by
 /// [`CacheSpec::validate`] and by [`crate::KernelConfig::check`], which guards every module's
@@ -243,18 +238,16 @@ pub(crate) fn check_shape(
     workgroup: Option<u32>,
 ) -> std::result::Result<(), (ShapeRule, String)> {
     check_head_dims(dk, dv).map_err(|why| (ShapeRule::HeadDim, why))?;
-    if dk != dv || !dk.is_multiple_of(KERNEL_HEAD_DIM_MULTIPLE) || dk > MAX_HEAD_DIM {
+    // What the GPU kernels serve of the rule today: one width for K and V (not the MLA
+    // pairs, nor K and V of different widths).
+    if dk != dv || dk > MAX_HEAD_DIM {
         let why = format!(
-            "kvq's GPU kernels serve one width for K and V, a multiple of {KERNEL_HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM} (K {dk}, V {dv})"
+            "kvq's GPU kernels serve one width for K and V, up to {MAX_HEAD_DIM} (K {dk}, V {dv}): the MLA widths and K and V of different widths have the CPU reference only"
         );
         return Err((ShapeRule::HeadDim, why));
     }
     if !(1..=MAX_GQA).contains(&gqa) {
         let why = format!("GQA ratio {gqa} is outside the supported 1 to {MAX_GQA}");
-        return Err((ShapeRule::Gqa, why));
-    }
-    if gqa > 8 {
-        let why = format!("GQA ratio {gqa}: kvq's GPU kernels serve 1 to 8");
         return Err((ShapeRule::Gqa, why));
     }
     if let Some(w) = workgroup
@@ -324,7 +317,8 @@ pub struct CacheSpec {
     pub head_dim: u32,
     /// Values per V vector (and per output row); `None`: [`CacheSpec::head_dim`]. K and V of
     /// different widths are multi-head latent attention's (K 576, V 512) or an unabsorbed
-    /// MLA's (K 192, V 128).
+    /// MLA's (K 192, V 128). The CPU reference serves them; [`crate::KvCache::new`] refuses
+    /// them, typed, until the GPU kernels do.
     pub v_head_dim: Option<u32>,
     /// Tokens each sequence can hold (at most [`MAX_CAPACITY`]). With a [`CacheSpec::window`],
     /// the ring of slots holding each sequence's last `capacity` tokens.
@@ -342,7 +336,8 @@ pub struct CacheSpec {
     /// [`CacheSpec::window_slack`]), so its store holds only that: the cache's memory is the
     /// global layers' `capacity` and the local layers' rings ([`crate::KvCache::memory`]).
     /// Not with [`CacheSpec::window`] (which gives every layer one window in a ring of
-    /// `capacity`).
+    /// `capacity`). The CPU reference serves it; [`crate::KvCache::new`] refuses it, typed
+    /// ([`crate::KvqError::InvalidSpec`]), until the GPU kernels do.
     pub layer_windows: Option<Vec<Option<u32>>>,
     /// Ring slots a layer with a window of its own ([`CacheSpec::layer_windows`]) keeps
     /// beyond its window: how far [`crate::KvCache::truncate`] can roll such a layer back once
@@ -653,10 +648,12 @@ impl CacheSpec {
                 self.exact.sink, self.exact.recent
             ));
         }
-        if self.batch as u64 * self.kv_heads as u64 > 65535 {
-            // One decode workgroup row per (sequence, kv head): WebGPU's dispatch limit.
+        let row_groups = crate::kernels::row_groups(self.gqa().max(1)).1;
+        if self.batch as u64 * self.kv_heads as u64 * row_groups as u64 > 65535 {
+            // One decode workgroup row per (sequence, kv head, row group of at most 8 query
+            // heads): WebGPU's dispatch limit.
             return bad(format!(
-                "batch x kv_heads ({} x {}) must be at most 65535",
+                "batch x kv_heads x ceil(gqa / 8) ({} x {} x {row_groups}) must be at most 65535",
                 self.batch, self.kv_heads
             ));
         }

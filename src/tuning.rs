@@ -115,7 +115,11 @@ impl SplitRule {
                 resident,
                 max,
             } => {
-                let groups = spec.kv_heads.saturating_mul(spec.batch);
+                // Split workgroups per split: one per row group of each KV head and sequence.
+                let groups = spec
+                    .kv_heads
+                    .saturating_mul(spec.batch)
+                    .saturating_mul(crate::kernels::row_groups(spec.gqa().max(1)).1);
                 let slots = multiprocessors * resident(SplitKernel::of(spec)) * Self::RESIDENT_AT
                     / workgroup.max(1);
                 (slots / groups.max(1)).saturating_sub(1).clamp(1, max)

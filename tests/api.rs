@@ -58,11 +58,11 @@ fn matrix_units_the_device_lacks_are_typed_errors() {
 #[test]
 fn bad_specs_are_typed_errors() {
     let bad = [
-        CacheSpec::new(1, 6, 4, 64, 16),  // GQA not whole
-        CacheSpec::new(1, 32, 2, 64, 16), // GQA 16
-        CacheSpec::new(0, 4, 4, 64, 16),  // no layers
-        CacheSpec::new(1, 4, 4, 64, 0),   // no capacity
-        CacheSpec::new(1, 4, 0, 64, 16),  // no kv heads
+        CacheSpec::new(1, 6, 4, 64, 16),   // GQA not whole
+        CacheSpec::new(1, 129, 1, 64, 16), // GQA 129, past the 128 served
+        CacheSpec::new(0, 4, 4, 64, 16),   // no layers
+        CacheSpec::new(1, 4, 4, 64, 0),    // no capacity
+        CacheSpec::new(1, 4, 0, 64, 16),   // no kv heads
         CacheSpec::new(1, 4, 4, 64, 16).with_batch(0),
         CacheSpec::new(1, 4, 4, 64, 16).with_splits(0),
         // Past the u32 slot arithmetic of a ring.

@@ -284,18 +284,25 @@ fn bad_chunks_are_typed_errors_with_nothing_written() {
         .err()
         .unwrap();
     assert!(matches!(e, KvqError::BadBuffer { .. }), "{e}");
-    // Over a sliding window, a chunk longer than the ring's slack.
+    // Over a sliding window, a chunk longer than the ring's slack (40 - 32 + 1 = 9 tokens)
+    // is no error: it goes in slices of the slack, each appended just before it is attended
+    // (tests/variants.rs checks their attention).
     let ring = CacheSpec::new(1, 4, 2, 64, 40)
         .with_batch(2)
         .with_window(32);
     let ring = KvCache::new(ctx(), ring).unwrap();
     let qb = storage_buffer(&gpu, &q);
     let ob = storage_buffer(&gpu, &q);
-    let e = ring
+    let io = ring
         .chunk_io(&kb, &vb, 10, InputType::F32, &qb, &ob)
+        .unwrap();
+    assert_eq!(io.slice_tokens(), 9);
+    // Then its K and V may not share a buffer with its outputs.
+    let e = ring
+        .chunk_io(&kb, &vb, 10, InputType::F32, &qb, &kb)
         .err()
         .unwrap();
-    assert!(matches!(e, KvqError::InvalidArgument(_)), "{e}");
+    assert!(matches!(e, KvqError::BadBuffer { .. }), "{e}");
     // The host API refuses a query of the wrong length.
     let e = cache.chunk_host(0, &k[..per], &v[..per], &q).unwrap_err();
     assert!(matches!(e, KvqError::WrongLength { .. }), "{e}");

@@ -26,6 +26,7 @@ fn configs() -> Vec<KernelConfig> {
             let (d, g) = [(64u32, 1u32), (128, 4), (96, 2), (256, 8)][(i + 2 * j) % 4];
             v.push(KernelConfig {
                 head_dim: d,
+                v_head_dim: d,
                 gqa: g,
                 kv_heads: 2,
                 batch: 2,
@@ -37,6 +38,8 @@ fn configs() -> Vec<KernelConfig> {
                 min_chunk: 32,
                 window: None,
                 scale: 1.0 / (d as f32).sqrt(),
+                softcap: None,
+                sinks: false,
                 workgroup: 128,
                 k,
                 v: vc,
@@ -443,6 +446,7 @@ fn grid_from_manifest(
             "batch" => v("batch"),
             "q_heads" => v("q_heads"),
             "kv_heads * batch" => v("kv_heads") * v("batch"),
+            "kv_heads * batch * row_groups" => v("kv_heads") * v("batch") * v("row_groups"),
             "splits + 1 + exact" => per_dispatch("splits") + 1 + v("exact"),
             "wide_groups" => per_dispatch("wide_groups"),
             "queries" => per_dispatch("queries"),

@@ -65,6 +65,30 @@ fn configs() -> Vec<KernelConfig> {
             });
         }
     }
+    // Today's models' shapes: GQA groups past one split workgroup's 8 heads (row groups, the
+    // last one short at 71), head sizes that are no multiple of 32 (zero-padded prefill
+    // rows), each with a softcap and sink logits.
+    for (codecs, d, g, exact) in [
+        ("none", 80, 16, false),
+        ("k=iso3,v=iso3", 40, 12, true),
+        ("q8_sym", 128, 71, false),
+        ("k=rotor3,v=none", 72, 6, false),
+    ] {
+        let c = kvq::KvCodecs::parse(codecs).unwrap();
+        v.push(KernelConfig {
+            softcap: Some(30.0),
+            sinks: true,
+            exact: match exact {
+                true => kvq::ExactTokens {
+                    sink: 4,
+                    recent: 28,
+                    k_mean: false,
+                },
+                false => Default::default(),
+            },
+            ..config(d, g, c.k, c.v)
+        });
+    }
     v
 }
 
@@ -74,6 +98,7 @@ fn configs() -> Vec<KernelConfig> {
 fn config(d: u32, g: u32, k: Codec, v: Codec) -> KernelConfig {
     KernelConfig {
         head_dim: d,
+        v_head_dim: d,
         gqa: g,
         kv_heads: 8 / g.min(8),
         batch: 2,
@@ -85,6 +110,8 @@ fn config(d: u32, g: u32, k: Codec, v: Codec) -> KernelConfig {
         min_chunk: 32,
         window: None,
         scale: 1.0 / (d as f32).sqrt(),
+        softcap: None,
+        sinks: false,
         workgroup: 128,
         k,
         v,

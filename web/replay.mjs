@@ -107,6 +107,7 @@ function termValue(term, shape, d) {
     case 'batch': return shape.batch;
     case 'q_heads': return shape.q_heads;
     case 'kv_heads * batch': return shape.kv_heads * shape.batch;
+    case 'kv_heads * batch * row_groups': return shape.kv_heads * shape.batch * shape.row_groups;
     case 'splits + 1 + exact': return d.splits + 1 + shape.exact;
     case 'wide_groups': return d.wide_groups;
     case 'queries': return d.queries;

@@ -19,7 +19,7 @@ struct SegParams {
     is_last: u32,
     split_base: u32,
     shape: ShapeParams,
-    _pad: u32,
+    _pad: [u32; 3],
 }
 
 /// What a buffer in [`super::KvCache`]'s `owned` list is for.
@@ -120,7 +120,6 @@ pub(super) fn exact_tail(spec: &CacheSpec, s: u32) -> u64 {
 pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffers {
     let device = &ctx.device;
     let Layout {
-        segments,
         segment_tokens: seg_tokens,
         splits,
         k_row_bytes,
@@ -152,16 +151,20 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
         (OwnedPart::Lengths, lens.clone()),
         (OwnedPart::Scratch, partials.clone()),
     ];
-    let shape = plan.cfg.shape_params();
     let mut layers = Vec::with_capacity(spec.layers as usize);
     for layer in 0..spec.layers {
+        // The layer's own slots and segments (fewer where its own window keeps a smaller
+        // ring), and its shape numbers.
+        let capacity = spec.layer_capacity(layer);
+        let segments = plan.layer_segments[layer as usize];
+        let shape = plan
+            .cfg
+            .layer_shape_params(capacity, spec.layer_window(layer), segments);
         let mut segs = Vec::with_capacity(segments as usize);
         for s in 0..segments {
             let start = s * seg_tokens;
             // Allocated in whole K interleave blocks; positions past capacity stay unused.
-            let tokens = seg_tokens
-                .min(spec.capacity - start)
-                .next_multiple_of(K_BLOCK);
+            let tokens = seg_tokens.min(capacity - start).next_multiple_of(K_BLOCK);
             let buf = |label: &str, row: u64| {
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(label),
@@ -190,7 +193,7 @@ pub(super) fn allocate(ctx: &GpuContext, spec: &CacheSpec, plan: &Plan) -> Buffe
                 is_last: (s + 1 == segments) as u32,
                 split_base: s * (splits + 1),
                 shape,
-                _pad: 0,
+                _pad: [0; 3],
             };
             // Written once at creation, not per step.
             ctx.counters()

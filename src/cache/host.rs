@@ -207,10 +207,12 @@ impl KvCache {
     /// rejecting drafted tokens, say) and clears its overflow flags. Nothing is reallocated; the
     /// rows past `len` are overwritten by later appends.
     ///
-    /// With a sliding window, the ring holds a sequence's last `capacity` tokens, so a cut is
-    /// refused (nothing changed) when the window ending at `len` would need a token the ring
-    /// has already overwritten: allowed while the sequence holds at most `capacity` tokens, or
-    /// when `len >= current - (capacity - window)`. [`KvCache::reset`] (`len` 0) always works.
+    /// With a sliding window, a layer's ring holds a sequence's last `ring` tokens (the
+    /// capacity, or with a window per layer that layer's [`crate::CacheSpec::layer_capacity`]),
+    /// so a cut is refused (nothing changed) when the window ending at `len` would need a token
+    /// some layer's ring has already overwritten: allowed while the sequence holds at most
+    /// `ring` tokens, or when `len >= current - (ring - window)` in every layer with a window.
+    /// [`KvCache::reset`] (`len` 0) always works.
     ///
     /// With exact tokens ([`crate::ExactTokens`]) the newest kept exact are those the ring still
     /// holds: after a cut, positions whose ring slot later tokens had overwritten are attended
@@ -234,13 +236,14 @@ impl KvCache {
                     "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur}"
                 )));
             }
-            if let Some(w) = s.window {
-                // Oldest position still in the ring, and oldest the window at `len` needs.
-                let kept = cur.saturating_sub(s.capacity);
+            if let Some(w) = s.layer_window(layer) {
+                // Oldest position still in the layer's ring, and oldest the window at `len`
+                // needs.
+                let ring = s.layer_capacity(layer);
+                let kept = cur.saturating_sub(ring);
                 if len > 0 && len.saturating_sub(w) < kept {
                     return Err(KvqError::InvalidArgument(format!(
-                        "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur} and its ring of {} slots no longer has position {} that a window of {w} ending there needs (at most {} tokens can be rolled back now)",
-                        s.capacity,
+                        "cannot truncate sequence {seq} to {len} tokens: layer {layer} holds {cur} and its ring of {ring} slots no longer has position {} that a window of {w} ending there needs (at most {} tokens can be rolled back now)",
                         len.saturating_sub(w),
                         cur - (kept + w).min(cur)
                     )));
@@ -324,9 +327,10 @@ impl KvCache {
     }
 
     /// Reads the stored rows of `layer` by slot: K then V, each
-    /// `[batch, kv_heads, capacity, row_words]` words exactly as the codec's row layout
-    /// defines them (storage interleaving and segments undone). Slot = token position, or
-    /// position % capacity with a sliding window. For tests and diagnostics. Natively only;
+    /// `[batch, kv_heads, slots, row_words]` words exactly as the codec's row layout
+    /// defines them (storage interleaving and segments undone), `slots` the layer's
+    /// [`crate::CacheSpec::layer_capacity`]. Slot = token position, or position % slots with a
+    /// sliding window. For tests and diagnostics. Natively only;
     /// in a browser, [`KvCache::read_rows_async`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_rows(&self, layer: u32) -> Result<(Vec<u32>, Vec<u32>)> {
@@ -342,7 +346,7 @@ impl KvCache {
             s.codecs.v.row_words(s.head_dim) as usize,
         );
         let runs = (s.batch * s.kv_heads) as usize;
-        let cap = s.capacity as usize;
+        let cap = s.layer_capacity(layer) as usize;
         let mut k = vec![0u32; runs * cap * kw];
         let mut v = vec![0u32; runs * cap * vw];
         for (si, seg) in self.layers[layer as usize].iter().enumerate() {

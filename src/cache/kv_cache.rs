@@ -12,7 +12,7 @@ use crate::context::GpuContext;
 use crate::error::{KvqError, Result};
 use crate::kernels::{KernelConfig, Pipelines};
 use crate::memory::{MemoryReport, StoreBytes};
-use crate::spec::CacheSpec;
+use crate::spec::{CacheSpec, SinkLogits};
 
 /// A quantized (or f16) KV cache living on the GPU.
 ///
@@ -47,6 +47,32 @@ pub struct KvCache {
     pub(super) chunk_scratch: Mutex<Option<wgpu::Buffer>>,
     /// Every buffer the cache owns besides the K/V stores, by part (for [`KvCache::memory`]).
     pub(super) owned: Vec<(OwnedPart, wgpu::Buffer)>,
+}
+
+/// Copies sink logits from the caller's buffer `src` (checked by the spec: size and usage)
+/// into the cache's constants in `lens`; a buffer of another device is a typed error.
+fn copy_sink_logits(
+    ctx: &GpuContext,
+    spec: &CacheSpec,
+    plan: &plan::Plan,
+    src: &wgpu::Buffer,
+    lens: &wgpu::Buffer,
+) -> Result<()> {
+    let device = &ctx.device;
+    let bytes = plan.cfg.sink_words() as u64 * 4;
+    let at = (2 * plan.lengths as u64 + plan.cfg.sinks_at() as u64) * 4;
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(src, 0, lens, at, bytes);
+    let cmd = enc.finish();
+    crate::wait::check_scope(device, scope, |e| KvqError::BadBuffer {
+        what: "sink logits".into(),
+        problem: format!("cannot be copied to this cache's device: {e}"),
+    })?;
+    debug_assert_eq!(bytes, spec.layers as u64 * spec.q_heads as u64 * 4);
+    ctx.counters().add_submit();
+    ctx.queue.submit([cmd]);
+    Ok(())
 }
 
 /// The next cache's [`KvCache::id`].
@@ -95,6 +121,9 @@ impl KvCache {
             detail: e.to_string(),
         })?;
         invalid?;
+        if let Some(SinkLogits::Buffer(src)) = &spec.sink_logits {
+            copy_sink_logits(ctx, &spec, &plan, src, &bufs.lens)?;
+        }
         Ok(KvCache {
             id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
             ctx: ctx.clone(),

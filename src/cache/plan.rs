@@ -3,7 +3,7 @@
 
 use crate::error::{KvqError, Result};
 use crate::kernels::{K_BLOCK, KernelConfig};
-use crate::spec::{CacheSpec, Precision};
+use crate::spec::{CacheSpec, Precision, SinkLogits};
 use crate::tuning::DeviceTuning;
 
 /// Fewest tokens per decode split before fewer splits are used.
@@ -14,7 +14,8 @@ const MAX_SPLITS_TOTAL: u32 = 1024;
 /// How a cache's storage and decode work are laid out on this device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    /// Storage segments per layer (1 unless one layer's rows pass a binding's size limit).
+    /// Storage segments per layer (1 unless one layer's rows pass a binding's size limit);
+    /// a layer with a window of its own ([`CacheSpec::layer_windows`]) may have fewer.
     pub segments: u32,
     /// Token positions per segment (the last may hold fewer).
     pub segment_tokens: u32,
@@ -35,12 +36,16 @@ pub struct Layout {
 pub(super) struct Plan {
     pub(super) layout: Layout,
     pub(super) cfg: KernelConfig,
-    /// The codec constants (rotations, codebooks, QJL matrix) the kernels read.
+    /// The codec constants (rotations, codebooks, QJL matrix) the kernels read, and room for
+    /// K's means and the sink logits (a host slice's values in place).
     pub(super) constants: Vec<f32>,
     /// Floats of the decode scratch (every split's partials).
     pub(super) partial_floats: u64,
     /// (layer, sequence) pairs: each has a length and an overflow flag on the GPU.
     pub(super) lengths: usize,
+    /// Storage segments of each layer: [`Layout::segments`], or fewer for a layer whose own
+    /// window keeps a smaller ring ([`CacheSpec::layer_capacity`]).
+    pub(super) layer_segments: Vec<u32>,
 }
 
 /// Most bytes one storage binding may hold on a device with `limits`: at most 4 GiB a binding
@@ -66,10 +71,12 @@ pub(super) fn plan(
     matrix: Option<crate::MatrixUnits>,
 ) -> Result<Plan> {
     spec.validate()?;
-    // (The options the kernels do not serve yet, typed.)
-    if spec.layer_windows.is_some() || spec.softcap.is_some() || spec.sink_logits.is_some() {
+    if spec.layer_windows.is_some() {
+        // (A window per layer makes the ring's size, the window and the split slots differ
+        // between layers; the kernels read them from one set of shape numbers per cache, and
+        // a tuning may bake those into the text the layers share.)
         return Err(KvqError::InvalidSpec(
-            "a window per layer, a softcap and sink logits are not served by the GPU kernels yet"
+            "a window per layer is not served by the GPU kernels yet (the CPU reference has it)"
                 .into(),
         ));
     }
@@ -83,6 +90,7 @@ pub(super) fn plan(
     let mut layout = segment(spec, max_binding, tuning, adapter)?;
     let mut cfg = KernelConfig {
         head_dim: spec.head_dim,
+        v_head_dim: spec.v_width(),
         gqa: spec.gqa(),
         kv_heads: spec.kv_heads,
         batch: spec.batch,
@@ -94,6 +102,8 @@ pub(super) fn plan(
         segments: layout.segments,
         min_chunk: MIN_CHUNK,
         scale: spec.softmax_scale(),
+        softcap: spec.softcap,
+        sinks: spec.sink_logits.is_some(),
         workgroup: tuning.workgroup(spec),
         k: spec.codecs.k,
         v: spec.codecs.v,
@@ -159,7 +169,12 @@ pub(super) fn plan(
     // The store is split to fit a binding; the decode scratch and the constants are one
     // binding each, so a shape that needs more than the adapter binds is refused here.
     let lengths = (spec.layers * spec.batch) as usize;
-    let constants = cfg.constants(spec.seed);
+    let mut constants = cfg.constants(spec.seed);
+    // Sink logits from the host go in with the constants (a buffer's are copied in by the
+    // cache once it is allocated).
+    if let Some(SinkLogits::Host(v)) = &spec.sink_logits {
+        constants[cfg.sinks_at() as usize..][..v.len()].copy_from_slice(v);
+    }
     let partial_floats = partial_floats(spec, &cfg);
     for (what, bytes) in [
         (
@@ -179,12 +194,16 @@ pub(super) fn plan(
             ));
         }
     }
+    let layer_segments = (0..spec.layers)
+        .map(|l| spec.layer_capacity(l).div_ceil(layout.segment_tokens))
+        .collect();
     Ok(Plan {
         layout,
         cfg,
         constants,
         partial_floats,
         lengths,
+        layer_segments,
     })
 }
 

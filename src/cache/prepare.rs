@@ -171,10 +171,10 @@ impl KvCache {
     /// [`CHUNK_SLICE_TOKENS`], and as many as the adapter's binding limit holds; a longer
     /// chunk is attended slice after slice in one recording; with recent exact tokens, slices
     /// of [`EXACT_CHUNK_SLICE`], each appended just before it is attended, so that every query
-    /// sees the exact tokens a decode step at its position would); an adapter whose binding limit
-    /// holds not even one query's is refused, typed, and so is a chunk longer than a sliding
-    /// window's slack (`capacity - window + 1` tokens: the ring would overwrite positions the
-    /// chunk's first queries attend).
+    /// sees the exact tokens a decode step at its position would; with a sliding window, a
+    /// chunk longer than its slack, `ring - window + 1` tokens, goes so too, in slices of at
+    /// most the slack, so that the ring never overwrites a position a query attends); an
+    /// adapter whose binding limit holds not even one query's is refused, typed.
     pub fn chunk_io(
         &self,
         k: &wgpu::Buffer,
@@ -220,35 +220,27 @@ impl KvCache {
             let need = s.batch as u64 * n as u64 * s.q_heads as u64 * 4;
             self.check_buffer("lse", b, need, wgpu::BufferUsages::STORAGE)?;
         }
+        // With recent exact tokens, slices of at most EXACT_CHUNK_SLICE, each appended before
+        // it is attended: the ring then still holds the recent tokens before each query. A
+        // chunk longer than a sliding window's slack (a ring of `ring` slots holds the window
+        // of its first query only while at most `ring - window + 1` tokens are appended
+        // before it is attended) goes so too, in slices of at most the slack.
+        let slack = self.window_slack();
+        let interleaved = s.exact.recent > 0 || n > slack;
+        let most = if s.exact.recent > 0 {
+            EXACT_CHUNK_SLICE
+        } else {
+            CHUNK_SLICE_TOKENS.min(slack)
+        };
         // K and V are read by the appends, before the slices' attention writes out and lse:
         // they may share a buffer with those, but not where each slice is appended just before
-        // it is attended (recent exact tokens), as a slice's outputs would then overwrite
-        // later slices' K/V.
+        // it is attended, as a slice's outputs would then overwrite later slices' K/V.
         let reads = [("q", q), ("k", k), ("v", v)];
-        let reads = &reads[..if s.exact.recent > 0 { 3 } else { 1 }];
+        let reads = &reads[..if interleaved { 3 } else { 1 }];
         match lse {
             Some(l) => check_distinct(&[("out", out), ("lse", l)], reads)?,
             None => check_distinct(&[("out", out)], reads)?,
         }
-        if let Some(w) = s.window
-            && n > s.capacity - w + 1
-        {
-            return Err(KvqError::InvalidArgument(format!(
-                "a chunk of {n} tokens over a sliding window of {w} in a ring of {} slots: \
-                 its first tokens would attend positions the chunk overwrites; at most {} \
-                 tokens per chunk (capacity - window + 1)",
-                s.capacity,
-                s.capacity - w + 1
-            )));
-        }
-        // With recent exact tokens, slices of at most EXACT_CHUNK_SLICE, each appended before
-        // it is attended: the ring then still holds the recent tokens before each query.
-        let interleaved = s.exact.recent > 0;
-        let most = if interleaved {
-            EXACT_CHUNK_SLICE
-        } else {
-            CHUNK_SLICE_TOKENS
-        };
         // The prefill kernel takes slices of at least `from` tokens, with scratch of its own
         // after the partials.
         let prefill = self.layout.prefill.filter(|&(_, from)| from <= n.min(most));
@@ -365,6 +357,17 @@ impl KvCache {
         })
     }
 
+    /// The most new tokens a chunk may append before it attends them: over every layer with
+    /// a window, `ring - window + 1` (its ring still holds the window of the chunk's first
+    /// query); unbounded without a window.
+    fn window_slack(&self) -> u32 {
+        let s = &self.spec;
+        (0..s.layers)
+            .filter_map(|l| s.layer_window(l).map(|w| s.layer_capacity(l) - w + 1))
+            .min()
+            .unwrap_or(u32::MAX)
+    }
+
     /// The chunks' shared decode scratch, at least `bytes` long: the cache's own while it is
     /// that long, else a longer one that takes its place (the ChunkIos bound to the old one
     /// keep it alive).
@@ -414,7 +417,9 @@ impl KvCache {
                 "an append, step or chunk needs at least one new token per sequence".into(),
             ));
         }
-        if n > s.capacity && s.window.is_none() {
+        // (A layer with a window never fills; one without holds at most `capacity`.)
+        let global = (0..s.layers).any(|l| s.layer_window(l).is_none());
+        if n > s.capacity && global {
             return Err(KvqError::CapacityExceeded {
                 layer: 0,
                 len: 0,

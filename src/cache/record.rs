@@ -325,6 +325,7 @@ impl KvCache {
             batch: self.spec.batch,
             q_heads: self.spec.q_heads,
             kv_heads: self.spec.kv_heads,
+            row_groups: crate::kernels::row_groups(self.spec.gqa()).1,
             splits: self.layout.splits,
             exact: self.spec.exact.any() as u32,
             wide_groups: 0,
@@ -335,12 +336,12 @@ impl KvCache {
     }
 
     /// Refuses (with the host mirror unchanged) an append of `n` tokens that would pass the
-    /// capacity of any sequence of `layer` (for a sliding window, which never fills: the range
-    /// of its u32 position count); otherwise advances the mirror.
+    /// capacity of any sequence of `layer` (for a layer with a sliding window, which never
+    /// fills: the range of its u32 position count); otherwise advances the mirror.
     fn reserve(&mut self, layer: u32, n: u32) -> Result<()> {
         self.check_layer(layer)?;
         let b = self.spec.batch as usize;
-        let limit = match self.spec.window {
+        let limit = match self.spec.layer_window(layer) {
             Some(_) => u32::MAX as u64,
             None => self.spec.capacity as u64,
         };

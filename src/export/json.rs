@@ -177,8 +177,8 @@ impl ReplayPlan {
         let g = &self.grid_shape;
         let _ = write!(
             o,
-            "\"grid_shape\":{{\"batch\":{},\"q_heads\":{},\"kv_heads\":{},\"splits\":{},\"exact\":{}}},",
-            g.batch, g.q_heads, g.kv_heads, g.splits, g.exact
+            "\"grid_shape\":{{\"batch\":{},\"q_heads\":{},\"kv_heads\":{},\"row_groups\":{},\"splits\":{},\"exact\":{}}},",
+            g.batch, g.q_heads, g.kv_heads, g.row_groups, g.splits, g.exact
         );
         let _ = write!(
             o,

@@ -20,8 +20,11 @@ pub(crate) const K_BLOCK: u32 = 32;
 /// derive from these fields (tile widths, unrolls, workgroup arrays) is internal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelConfig {
-    /// Head dimension.
+    /// Head dimension: values per K vector and per query.
     pub head_dim: u32,
+    /// Values per V vector and per output (the kernels serve `head_dim` only today:
+    /// [`KernelConfig::check`]).
+    pub v_head_dim: u32,
     /// GQA ratio (query heads per KV head).
     pub gqa: u32,
     /// KV heads.
@@ -49,6 +52,11 @@ pub struct KernelConfig {
     pub min_chunk: u32,
     /// Softmax scale.
     pub scale: f32,
+    /// Logit softcap ([`crate::CacheSpec::softcap`]): read at run time, not in the text.
+    pub softcap: Option<f32>,
+    /// Whether the cache has sink logits ([`crate::CacheSpec::sink_logits`], kept after the
+    /// codec constants): read at run time, not in the text.
+    pub sinks: bool,
     /// Invocations per decode workgroup.
     pub workgroup: u32,
     /// K codec.
@@ -79,9 +87,10 @@ impl KernelConfig {
     /// rotated V codec's (see the crate-internal `kernels::cache::Compile::checks` for the measurements and
     /// why every index is in range without it).
     pub fn clamps_indices(&self) -> bool {
-        // The audits hold for the shapes `CacheSpec::validate` accepts; a configuration built
-        // by hand outside them keeps the clamps.
-        let shape_ok = self.check().is_ok() && !self.v.qjl;
+        // The audits hold for the shapes `CacheSpec::validate` accepts at head sizes that are
+        // multiples of 32; other head sizes, and a configuration built by hand outside them,
+        // keep the clamps.
+        let shape_ok = self.check().is_ok() && !self.v.qjl && self.head_dim.is_multiple_of(32);
         !(self.v.kind.is_rotated() && shape_ok)
     }
 
@@ -91,6 +100,14 @@ impl KernelConfig {
     pub fn check(&self) -> Result<()> {
         for c in [self.k, self.v] {
             c.layout(self.head_dim)?;
+            if c.qjl && !self.head_dim.is_multiple_of(32) {
+                // The sign bits are read and projected 32 at a time.
+                return Err(KvqError::UnsupportedHeadDim {
+                    head_dim: self.head_dim,
+                    codec: c.name(),
+                    reason: "the GPU kernels' QJL residual needs a multiple of 32 (its sign bits are read 32 at a time)".into(),
+                });
+            }
             if !gpu_supported(c) {
                 return Err(KvqError::InvalidSpec(format!(
                     "codec '{}' has a CPU reference (kvq::codec) but no GPU kernels: the QJL-only configurations (0-bit codes) are for quality studies",
@@ -98,9 +115,13 @@ impl KernelConfig {
                 )));
             }
         }
-        check_shape(self.head_dim, self.head_dim, self.gqa, Some(self.workgroup)).map_err(
-            |(rule, why)| KvqError::InvalidSpec(format!("kernel config ({rule:?}): {why}")),
-        )?;
+        check_shape(
+            self.head_dim,
+            self.v_head_dim,
+            self.gqa,
+            Some(self.workgroup),
+        )
+        .map_err(|(rule, why)| KvqError::InvalidSpec(format!("kernel config ({rule:?}): {why}")))?;
         let counts = [
             self.kv_heads,
             self.batch,
@@ -143,15 +164,19 @@ impl KernelConfig {
     /// layouts exist.)
     fn defines_with(&self, joint: bool, cq: u32) -> Defines {
         let er = self.encode_rows_with(joint);
-        // The query rows of a split workgroup: the GQA group's heads times the chunk's tokens.
-        let rows = self.gqa * cq;
+        // The query rows of a split workgroup: its row group's heads (the GQA group, or a
+        // share of a group of more than GROUP_ROWS) times the chunk's tokens.
+        let (g, groups) = row_groups(self.gqa);
+        let rows = g * cq;
         let mut h = Defines::default();
         let mut c = |name: &str, v: u32| h.constant(name, Value::U32(v));
         for f in &FAMILIES {
             c(f.wgsl_kind, f.kind.id());
         }
         c("D", self.head_dim);
-        c("G", self.gqa);
+        c("G", g);
+        c("GQ", self.gqa);
+        c("NRG", groups);
         c("CQ", cq);
         c("GR", rows);
         c("SINK", self.exact.sink);
@@ -159,6 +184,7 @@ impl KernelConfig {
         c("XRING", self.exact.ring());
         c("WG", self.workgroup);
         c("KU", k_unroll(self.head_dim));
+        c("XKB", exact_k_batch(self.head_dim));
         c("VU", V_UNROLL);
         // A chunk's rows take the registers a decode's V batch has in flight.
         c("VB", (self.v_batch() / cq).max(1));
@@ -255,12 +281,12 @@ impl KernelConfig {
         self.module_source_with(module, defines)
     }
 
-    /// New tokens of a chunk each split workgroup serves (`CQ`): its `gqa * CQ` query rows
+    /// New tokens of a chunk each split workgroup serves (`CQ`): its `G * CQ` query rows
     /// share every K/V tile it reads and decodes, so a chunk of `n` reads the store
     /// `ceil(n / CQ)` times, not `n`. At most [`CHUNK_ROWS`] rows, and the module's workgroup
     /// memory within the 32 KiB kvq asks of an adapter.
     pub(crate) fn chunk_queries(&self) -> u32 {
-        let mut cq = (CHUNK_ROWS / self.gqa).max(1);
+        let mut cq = (CHUNK_ROWS / row_groups(self.gqa).0).max(1);
         while cq > 1 && !self.chunk_fits(cq) {
             cq -= 1;
         }
@@ -508,14 +534,53 @@ pub fn gpu_supported(codec: Codec) -> bool {
 
 /// f16 K chunks (16 bytes each) one thread loads together before using them (`$u` lines):
 /// 8 (half a D = 128 row; 4 measured slower, BENCHMARKS.md, "Kernel choices, measured") where
-/// that divides the row's D / 8 chunks, else 4 (D is a multiple of 32).
+/// that divides the row's D / 8 chunks, else 4 where that does (the other multiples of 32),
+/// else the largest count up to 8 that divides them (5 at D = 40 and 80, 7 at 112), or the
+/// whole row where that would be under 4 and the row is at most 16 chunks (9 at D = 72, 11 at
+/// 88, 13 at 104; one at a time past that, as at 136).
 pub(crate) fn k_unroll(head_dim: u32) -> u32 {
     let chunks = head_dim / 8;
     if chunks.is_multiple_of(8) {
-        8
-    } else {
-        chunks.min(4)
+        return 8;
     }
+    if chunks.is_multiple_of(4) {
+        return 4;
+    }
+    let most = (1..=8)
+        .rev()
+        .find(|u| chunks.is_multiple_of(*u))
+        .unwrap_or(1);
+    if most < 4 && chunks <= 16 {
+        chunks
+    } else {
+        most
+    }
+}
+
+/// Query heads of one GQA group a split workgroup serves at most (`G`): a larger group is
+/// spread over several workgroups (row groups, `NRG`), each reading the KV head's codes once
+/// for its rows, so that no workgroup keeps more rows' state in registers than GQA 8 does
+/// and the codes are read once per row group, never once per query head.
+pub(crate) const GROUP_ROWS: u32 = 8;
+
+/// The heads each split workgroup serves and the workgroups (row groups) a GQA group of
+/// `gqa` heads is spread over: `ceil(gqa / 8)` groups of `ceil(gqa / groups)` heads (the last
+/// may hold fewer: 71 heads are 9 groups of 8, the last of 7).
+pub(crate) fn row_groups(gqa: u32) -> (u32, u32) {
+    let groups = gqa.div_ceil(GROUP_ROWS).max(1);
+    (gqa.div_ceil(groups), groups)
+}
+
+/// Word pairs of an exact K row (4 values each, `XC = D / 4` of them) the exact tokens'
+/// workgroup loads before their math (`XKB`): the whole row up to 32 (D = 128), else the
+/// most up to 32 that divide it (20 at D = 160, 28 at 224, 32 at 256), so that its passes
+/// end at the row's end.
+pub(crate) fn exact_k_batch(head_dim: u32) -> u32 {
+    let xc = head_dim / 4;
+    (1..=32.min(xc))
+        .rev()
+        .find(|u| xc.is_multiple_of(*u))
+        .unwrap_or(1)
 }
 
 /// Query rows a chunk's split workgroup serves at most ([`KernelConfig::chunk_queries`]).
@@ -543,6 +608,7 @@ pub(super) mod tests {
         let c = KvCodecs::parse(codecs).unwrap();
         KernelConfig {
             head_dim,
+            v_head_dim: head_dim,
             gqa: 4,
             kv_heads: 2,
             batch: 1,
@@ -554,6 +620,8 @@ pub(super) mod tests {
             segments: 1,
             min_chunk: 32,
             scale: 0.125,
+            softcap: None,
+            sinks: false,
             workgroup: 128,
             k: c.k,
             v: c.v,
@@ -586,10 +654,24 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn the_exact_k_batch_divides_every_row() {
+        // A batch that did not divide D / 4 read past the row (D = 160 and 224 did, with 32).
+        for d in (32u32..=256).step_by(8) {
+            let x = super::exact_k_batch(d);
+            assert!(
+                x > 0 && x <= 32 && (d / 4).is_multiple_of(x),
+                "head_dim {d}: XKB {x}"
+            );
+        }
+        assert_eq!(super::exact_k_batch(128), 32);
+        assert_eq!(super::exact_k_batch(256), 32);
+    }
+
+    #[test]
     fn k_unroll_divides_every_row() {
         // The f16 K reader loads KU chunks per pass over D / 8: a KU that did not divide it
         // would read past the row (D = 96 with KU = 8 did, caught by the GPU tests).
-        for d in (32u32..=256).step_by(32) {
+        for d in (32u32..=256).step_by(8) {
             let ku = k_unroll(d);
             assert!(
                 ku > 0 && (d / 8).is_multiple_of(ku),

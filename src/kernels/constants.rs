@@ -1,6 +1,7 @@
 //! The codec constants a cache's kernels read, stored after the lengths and overflow flags
 //! in the lengths buffer: each rotated side's rotation coefficients, Lloyd–Max levels and
-//! boundaries, the QJL matrix, then K's means; where each lies and their values.
+//! boundaries, the QJL matrix, then K's means and the sink logits; where each lies and their
+//! values.
 
 use super::KernelConfig;
 use crate::codec::{Codec, lloyd, rotation};
@@ -25,13 +26,31 @@ impl KernelConfig {
         let (k, v) = (side(self.k), side(self.v));
         let qjl = at;
         let k_mean = qjl + if self.k.qjl { d * d } else { 0 };
+        let sinks = k_mean + self.k_mean_words();
         ConstantOffsets {
             k,
             v,
             qjl,
             k_mean,
-            len: k_mean + self.k_mean_words(),
+            sinks,
+            len: sinks + self.sink_words(),
         }
+    }
+
+    /// Words of the sink logits ([`crate::CacheSpec::sink_logits`]): `[layers, q_heads]` f32,
+    /// after K's means; 0 without.
+    pub(crate) fn sink_words(&self) -> u32 {
+        if self.sinks {
+            self.layers * self.kv_heads * self.gqa
+        } else {
+            0
+        }
+    }
+
+    /// Where the sink logits lie in [`KernelConfig::constants`] (their values are the
+    /// cache's, written there by its plan or copied from the caller's buffer).
+    pub(crate) fn sinks_at(&self) -> u32 {
+        self.constant_offsets().sinks
     }
 
     /// Words of K's means ([`crate::ExactTokens::k_mean`]): `[layers, batch, kv_heads, d]` f32,
@@ -49,7 +68,8 @@ impl KernelConfig {
     /// matrices and an iso's quaternions, whose left-multiplication matrices the reference
     /// uses, one coefficient of every group before the next), as stored after the lengths and
     /// overflow flags in the lengths buffer, then K's means (zeros: a cache's state, which the
-    /// kernels write once a sequence holds its sink).
+    /// kernels write once a sequence holds its sink), then room for the sink logits (zeros:
+    /// the cache writes its own at [`KernelConfig::sinks_at`]).
     pub(crate) fn constants(&self, seed: u64) -> Vec<f32> {
         let d = self.head_dim as usize;
         let off = self.constant_offsets();
@@ -94,5 +114,6 @@ pub(super) struct ConstantOffsets {
     pub(super) v: SideOffsets,
     pub(super) qjl: u32,
     pub(super) k_mean: u32,
+    pub(super) sinks: u32,
     pub(super) len: u32,
 }

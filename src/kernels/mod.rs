@@ -18,7 +18,7 @@ mod shape;
 mod workgroup;
 
 pub(crate) use cache::KernelCache;
-pub(crate) use config::{K_BLOCK, encode_tasks};
+pub(crate) use config::{K_BLOCK, encode_tasks, row_groups};
 pub use config::{KernelConfig, gpu_supported};
 pub(crate) use module::LayoutTable;
 pub use module::{InputType, KernelModule};

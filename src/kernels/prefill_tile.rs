@@ -10,8 +10,8 @@ use crate::error::Result;
 /// The prefill kernel's shape for one configuration ([`KernelConfig::prefill_tile`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PrefillTile {
-    /// Floats of a query row scored against K's codes: D, or a rotated K's padded
-    /// `n_codes` (`PQA`).
+    /// Floats of a query row scored against K's codes: D (padded to a multiple of 32), or a
+    /// rotated K's padded `n_codes` (`PQA`).
     pub query_codes: u32,
     /// Floats of a query row in the tile: `query_codes`, plus D for QJL's `S q` (`PQW`).
     pub query_width: u32,
@@ -92,10 +92,15 @@ impl KernelConfig {
     /// The matrix prefill kernel's tile on units `m`, or `None` where that kernel does not
     /// serve this configuration: fragments other than 16 or 8, rows other than F or 2 F,
     /// products other than f16
-    /// ([`crate::Precision::Fast`]), exact tokens (their own loop stays in the FP32 kernel), or
-    /// query or value rows no pass width divides.
+    /// ([`crate::Precision::Fast`]), exact tokens (their own loop stays in the FP32 kernel), a
+    /// head size that is no multiple of 32 (its K tile loads whole 32-value passes of the
+    /// stored rows, with no zero padding past D), or query or value rows no pass width divides.
     pub(crate) fn matrix_tile_for(&self, m: crate::MatrixUnits) -> Option<MatrixTile> {
-        if !m.has_kernels() || !self.half_products() || self.exact.any() {
+        if !m.has_kernels()
+            || !self.half_products()
+            || self.exact.any()
+            || !self.head_dim.is_multiple_of(32)
+        {
             return None;
         }
         let f = m.fragment;
@@ -185,10 +190,12 @@ impl KernelConfig {
     /// ([`PrefillTile::query_codes`], [`PrefillTile::query_width`]).
     fn prefill_query_width(&self) -> (u32, u32) {
         let d = self.head_dim;
+        // (A row is whole K passes, of 16 or 32 coordinates: a head size that is no multiple
+        // of 32 is padded with zeros.)
         let codes = if self.k.kind.is_rotated() {
             self.rot_width()
         } else {
-            d
+            d.next_multiple_of(32)
         };
         (codes + if self.k.qjl { d } else { 0 }, codes)
     }

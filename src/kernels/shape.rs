@@ -45,11 +45,19 @@ pub(crate) struct ShapeParams {
     pub k_means: u32,
     /// Softmax scale (`SCALE`).
     pub scale: f32,
+    /// Logit softcap, 0 for none (`SOFTCAP`).
+    pub softcap: f32,
+    /// Index of layer 0's first sink logit in the lengths buffer, [`NO_SINKS`] for none
+    /// (`SINKS`).
+    pub sinks: u32,
 }
+
+/// [`ShapeParams::sinks`] of a cache without sink logits (`NO_SINKS` in the WGSL).
+pub(crate) const NO_SINKS: u32 = u32::MAX;
 
 /// Each shape number's name in the WGSL and the expression that reads it from the segment's
 /// params (`seg`, which every kernel module binds at group 0, binding 0).
-const READS: [(&str, &str); 14] = [
+const READS: [(&str, &str); 16] = [
     ("NB", "seg.batch"),
     ("CAP", "seg.capacity"),
     ("WIN", "seg.window"),
@@ -64,6 +72,8 @@ const READS: [(&str, &str); 14] = [
     ("CST", "seg.constants"),
     ("KMU", "seg.k_means"),
     ("SCALE", "seg.scale"),
+    ("SOFTCAP", "seg.softcap"),
+    ("SINKS", "seg.sinks"),
 ];
 
 /// Whether every name of `names` is a shape number's (the tuning table's lists are checked
@@ -106,22 +116,40 @@ impl KernelConfig {
 
     /// The shape numbers of this configuration, as every segment's params hold them.
     pub(crate) fn shape_params(&self) -> ShapeParams {
+        self.layer_shape_params(self.capacity, self.window, self.segments)
+    }
+
+    /// The shape numbers of a layer of its own `capacity`, `window` and `segments` (a layer
+    /// with a window of its own, [`crate::CacheSpec::layer_windows`]): the rest as
+    /// [`KernelConfig::shape_params`].
+    pub(crate) fn layer_shape_params(
+        &self,
+        capacity: u32,
+        window: Option<u32>,
+        segments: u32,
+    ) -> ShapeParams {
         let constants = 2 * self.layers * self.batch;
+        let splits_total = (self.splits + 1) * segments;
         ShapeParams {
             batch: self.batch,
-            capacity: self.capacity,
-            window: self.window.unwrap_or(self.capacity),
-            ring: self.window.is_some() as u32,
+            capacity,
+            window: window.unwrap_or(capacity),
+            ring: window.is_some() as u32,
             layers: self.layers,
             kv_heads: self.kv_heads,
             q_heads: self.kv_heads * self.gqa,
             splits: self.splits,
-            splits_total: self.splits_total(),
-            partial_slots: self.partial_slots(),
+            splits_total,
+            partial_slots: splits_total + self.exact.any() as u32,
             min_chunk: self.min_chunk,
             constants,
             k_means: constants + self.constant_offsets().k_mean,
             scale: self.scale,
+            softcap: self.softcap.unwrap_or(0.0),
+            sinks: match self.sinks {
+                true => constants + self.sinks_at(),
+                false => NO_SINKS,
+            },
         }
     }
 
@@ -144,6 +172,8 @@ impl KernelConfig {
             Value::U32(p.constants),
             Value::U32(p.k_means),
             Value::F32(p.scale),
+            Value::F32(p.softcap),
+            Value::U32(p.sinks),
         ];
         let baked = |name: &str| match bake_override() {
             Some(names) => names.iter().any(|b| b == name),
@@ -179,6 +209,8 @@ mod tests {
             b.segments = 2;
             b.min_chunk = 16;
             b.scale = 0.3;
+            b.softcap = Some(30.0);
+            b.sinks = true;
             for m in KernelModule::all() {
                 let (x, y) = (a.module_source(m).unwrap(), b.module_source(m).unwrap());
                 // (Unless KVQ_BAKE, a measurement aid, bakes some of them back.)
@@ -199,8 +231,8 @@ mod tests {
 
     #[test]
     fn the_params_are_what_the_wgsl_struct_reads() {
-        // Seg's five segment fields, the fourteen shape numbers, one pad: 80 bytes.
-        assert_eq!(std::mem::size_of::<super::ShapeParams>(), 14 * 4);
+        // Seg's five segment fields, the sixteen shape numbers, three pads: 96 bytes.
+        assert_eq!(std::mem::size_of::<super::ShapeParams>(), 16 * 4);
         let common = include_str!("../../wgsl/shared/common.wgsl");
         for (_, read) in READS {
             let field = read

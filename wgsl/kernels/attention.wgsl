@@ -130,39 +130,48 @@ const QT: u32 = select(RW / 4u, (D + 2u) / 3u, ROTOR_Q);
 var<private> qv$r: vec4<f32>;
 
 // Query heads from the first row's to row i's: row i is new token i / G of the workgroup's,
-// head i % G of the group (i itself for one query).
+// head i % G of its row group (i itself for one query).
 fn row_head(i: u32) -> u32 {
     return (i / G) * QH + i % G;
 }
 
-// Offset in q_in of row i, the workgroup's first query being qb (of the [NB, nq] queries).
-fn query_row(qb: u32, h: u32, i: u32) -> u32 {
-    return (qb * QH + h * G + row_head(i)) * D;
+// A workgroup serves the G query heads hq .. hq + G - 1 of KV head h's GQA group of GQ: its
+// row group rg of NRG, hq = h GQ + rg G (the whole group where GQ <= 8). Whether row i is one
+// of the group's heads (a last row group may hold fewer: 71 heads in groups of 8); the others
+// read zero queries and write nothing.
+fn row_real(hq: u32, i: u32) -> bool {
+    return hq % GQ + i % G < GQ;
 }
 
-// Coordinate k of row i, scaled (0 past D, and for the rows past a chunk's last query: the
-// workgroup has nz queries).
-fn query_coord(qb: u32, h: u32, nz: u32, i: u32, k: u32) -> f32 {
-    if k >= D || i / G >= nz {
+// Offset in q_in of row i, the workgroup's first query being qb (of the [NB, nq] queries) and
+// its first head hq.
+fn query_row(qb: u32, hq: u32, i: u32) -> u32 {
+    return (qb * QH + hq + row_head(i)) * D;
+}
+
+// Coordinate k of row i, scaled (0 past D, for the rows past a chunk's last query, the
+// workgroup having nz queries, and for rows past the group's heads).
+fn query_coord(qb: u32, hq: u32, nz: u32, i: u32, k: u32) -> f32 {
+    if k >= D || i / G >= nz || !row_real(hq, i) {
         return 0.0;
     }
-    return q_in[query_row(qb, h, i) + k] * SCALE;
+    return q_in[query_row(qb, hq, i) + k] * SCALE;
 }
 
 // Query task t (see QT; zeros past the last): a rotor group rotated (xyz), or rot_sh vec4 t
 // with turbo's diagonal or iso's group matrix applied (neither with QJL).
-fn query_task(qb: u32, h: u32, nz: u32, t: u32) -> vec4<f32> {
+fn query_task(qb: u32, hq: u32, nz: u32, t: u32) -> vec4<f32> {
     if t >= GR * QT {
         return vec4<f32>(0.0);
     }
     let i = t / QT;
     let g = t % QT;
     if ROTOR_Q {
-        let x = vec4<f32>(query_coord(qb, h, nz, i, 3u * g), query_coord(qb, h, nz, i, 3u * g + 1u), query_coord(qb, h, nz, i, 3u * g + 2u), 0.0);
+        let x = vec4<f32>(query_coord(qb, hq, nz, i, 3u * g), query_coord(qb, hq, nz, i, 3u * g + 1u), query_coord(qb, hq, nz, i, 3u * g + 2u), 0.0);
         return x * group_matrix(KIND_ROTOR, K_ROT, g);
     }
     let k = 4u * g;
-    let x = vec4<f32>(query_coord(qb, h, nz, i, k), query_coord(qb, h, nz, i, k + 1u), query_coord(qb, h, nz, i, k + 2u), query_coord(qb, h, nz, i, k + 3u));
+    let x = vec4<f32>(query_coord(qb, hq, nz, i, k), query_coord(qb, hq, nz, i, k + 1u), query_coord(qb, hq, nz, i, k + 2u), query_coord(qb, hq, nz, i, k + 3u));
     if k >= D || K_QJL {
         return x;
     }
@@ -269,9 +278,9 @@ fn x_load(b: u32, h: u32, p: u32, v: u32, c: u32) -> vec4<f32> {
 }
 
 // The exact workgroup's loads in flight at once: word pairs of a K row an invocation loads
-// before their math (the whole row up to D = 128: one round trip to memory), and V rows of
-// a lane loaded before the softmax's barriers.
-const XKB: u32 = min(XC, 32u);
+// before their math (XKB, from the generated header: the whole row up to D = 128, one round
+// trip to memory, else the most up to 32 that divide its XC), and V rows of a lane loaded
+// before the softmax's barriers.
 const XVB: u32 = 8u;
 
 #if KMEAN
@@ -298,8 +307,8 @@ fn x_load_mean(lid: u32, b: u32, h: u32, len: u32, lc: u32) {
 
 // Arguments are uniform (every invocation calls it; barriers inside): `total` tokens are
 // attended (`len` of them stored before this dispatch), the committed length is `lc`, row g's
-// causal end is first + g / G in a chunk.
-fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, len: u32, total: u32, first: u32, lc: u32, xlo: u32) {
+// causal end is first + g / G in a chunk; the rows are heads hq .. of KV head h.
+fn exact_partial(lid: u32, b: u32, h: u32, hq: u32, qb: u32, nz: u32, pb: u32, part_ml: u32, len: u32, total: u32, first: u32, lc: u32, xlo: u32) {
     // The sink's ns positions, then the ring's from rl: from the first row's ring start (each
     // row sees the RECENT positions up to its own; a chunk's slice was appended just before
     // it is attended, so the ring holds them all).
@@ -334,7 +343,7 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
                 for (var i = lid; i < GR * XC; i += WG) {
                     let r = i / XC;
                     let k = 4u * (i % XC);
-                    rot_sh[r * (RW / 4u) + i % XC] = vec4<f32>(query_coord(qb, h, nz, r, k), query_coord(qb, h, nz, r, k + 1u), query_coord(qb, h, nz, r, k + 2u), query_coord(qb, h, nz, r, k + 3u));
+                    rot_sh[r * (RW / 4u) + i % XC] = vec4<f32>(query_coord(qb, hq, nz, r, k), query_coord(qb, hq, nz, r, k + 1u), query_coord(qb, hq, nz, r, k + 2u), query_coord(qb, hq, nz, r, k + 3u));
                 }
             }
         }
@@ -420,8 +429,8 @@ fn exact_partial(lid: u32, b: u32, h: u32, qb: u32, nz: u32, pb: u32, part_ml: u
         if XJ > 1u {
             acc$g += {{lanes}}[$g * XC + c];
         }
-        let pi = (pb * QH + h * G) * PSLOTS + SPLITS_TOTAL;
-        if $gu / G < nz { x_write_partial($gu, pi, part_ml, c, acc$g, m$g, l$g); }
+        let pi = (pb * QH + hq) * PSLOTS + SPLITS_TOTAL;
+        if $gu / G < nz && row_real(hq, $gu) { x_write_partial($gu, pi, part_ml, c, acc$g, m$g, l$g); }
     }
 }
 
@@ -446,8 +455,9 @@ fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
 }
 #endif
 
-// Dispatch (KVH * NB, NSPLIT + 1, 1) per segment, or (KVH * NB, chunk.splits + 1, ceil(count / CQ)) for
-// a chunk's slice: the workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
+// Dispatch (KVH * NB * NRG, NSPLIT + 1, 1) per segment, or (KVH * NB * NRG, chunk.splits + 1,
+// ceil(count / CQ)) for a chunk's slice (NRG row groups of each KV head's GQA group): the
+// workgroups of split 0 (the new tokens of a fused step, which have rows to encode,
 // and a short tail of the stored ones) come first in dispatch order, so they start first. A
 // chunk's nq new tokens per sequence are all appended already; z serves the slice's queries
 // first + CQ z .. first + CQ z + CQ - 1, and query i attends the positions up to its own, the
@@ -457,8 +467,11 @@ fn run_pos(u: u32, r: vec3<u32>, x: u32, s: Seg) -> u32 {
 @compute @workgroup_size(WG)
 fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let s = wid.y;
-    let h = wid.x % KVH;
-    let b = wid.x / KVH;
+    // Row group rg of KV head h of sequence b: query heads hq .. hq + G - 1.
+    let rg = wid.x % NRG;
+    let h = (wid.x / NRG) % KVH;
+    let b = wid.x / NRG / KVH;
+    let hq = h * GQ + rg * G;
     // The first query's row of the [NB, nq] queries and of the slice's [NB, count] partials,
     // the workgroup's queries (nz), the tokens after its last one, and where the partials'
     // (max, sum) pairs start.
@@ -487,20 +500,24 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         for (var i = lid; i < GR * D / 4u; i += WG) {
             let r = i / (D / 4u);
             var x = vec4<f32>(0.0);
-            if r / G < nz {
-                let o = query_row(qb, h, r) + 4u * (i % (D / 4u));
+            if r / G < nz && row_real(hq, r) {
+                let o = query_row(qb, hq, r) + 4u * (i % (D / 4u));
                 x = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
             }
             q_sh[i] = x;
         }
 #else
         for (var i = lid; i < G * D / 4u; i += WG) {
-            let o = ((qb * QH + h * G) * D) + 4u * i;
-            q_sh[i] = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+            var x = vec4<f32>(0.0);
+            if row_real(hq, i / (D / 4u)) {
+                let o = ((qb * QH + hq) * D) + 4u * i;
+                x = vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
+            }
+            q_sh[i] = x;
         }
 #endif
     } else {
-        qv$r = query_task(qb, h, nz, lid + $ru * WG);
+        qv$r = query_task(qb, hq, nz, lid + $ru * WG);
     }
     k_load_levels(lid);
     v_load_levels(lid);
@@ -534,9 +551,11 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
     // splits rather than after one of them; only the first segment's holds them.
     if s == nsplit() + 1u {
         if seg.split_base == 0u {
+            // (Every row group's exact workgroup writes the same exact rows, as split 0 the
+            // new codes.)
             write_exact_rows(lid, b, h, len);
             storageBarrier();
-            exact_partial(lid, b, h, qb, nz, pb, part_ml, len, total, first, total + later, xlo);
+            exact_partial(lid, b, h, hq, qb, nz, pb, part_ml, len, total, first, total + later, xlo);
         }
         return;
     }
@@ -584,7 +603,9 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             runs = seg_runs(max(slen - cut, lo), stot, seg);
             end = cut + fresh;
         }
-        // This workgroup alone writes and reads the new rows.
+        // This workgroup writes and reads the new rows: with several row groups (GQ > G),
+        // each row group's split 0 writes the same rows (the same words, the same values: no
+        // other workgroup reads them in this dispatch), as it cannot wait for another's.
         write_new_rows(lid, b, h, len);
         storageBarrier();
     }
@@ -703,8 +724,8 @@ fn split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
             acc$g += {{lanes}}[($g * VC + c) * (VW / 4u)];
             if VW == 8u { acc2$g += {{lanes}}[($g * VC + c) * 2u + 1u]; }
         }
-        let pi = (pb * QH + h * G) * PSLOTS + split_slot(s);
-        if $gu / G < nz { write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g); }
+        let pi = (pb * QH + hq) * PSLOTS + split_slot(s);
+        if $gu / G < nz && row_real(hq, $gu) { write_partial($gu, pi, part_ml, c, acc$g, acc2$g, m$g, l$g); }
     }
 }
 
@@ -771,6 +792,11 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     if commits {
         old_len = committed_len(b);
     }
+    // The head's sink logit (loaded beside the partials too), or none.
+    var sk = NEG;
+    if SINKS != NO_SINKS {
+        sk = bitcast<f32>(lens[SINKS + seg.layer * QH + qh]);
+    }
     let base = (pb * QH + qh) * PSLOTS;
     let c = lid % RC;
     let r = lid / RC;
@@ -832,10 +858,24 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     // caller's domain, added below).
     let mx = max(m, mlx.x);
     let fr = exp(m - mx);
-    let fx = exp(mlx.x - mx);
+    var fx = exp(mlx.x - mx);
     m = mx;
     l = l * fr + mlx.y * fx;
     o *= fr;
+#endif
+    // A sink logit joins the denominator and carries no value (an empty sequence's output
+    // stays zeros, its log-sum-exp becomes the sink's).
+    if SINKS != NO_SINKS {
+        let ms = max(m, sk);
+        let f = exp(m - ms);
+        l = l * f + exp(sk - ms);
+        o *= f;
+#if EXACT
+        fx *= f;
+#endif
+        m = ms;
+    }
+#if EXACT
     let xs = select(0.0, fx / l, l > 0.0);
 #endif
     // An empty sequence has l = 0: its output is defined as zeros.
@@ -851,7 +891,7 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         var d = 0.0;
         if lid < D / 4u && lens[len_index(seg.layer, b)] >= SINK {
             let o = (qb * QH + qh) * D + 4u * lid;
-            d = dot(vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE, kmu_load(b, qh / G, lid));
+            d = dot(vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE, kmu_load(b, qh / GQ, lid));
         }
         lane_acc[lid] = vec4<f32>(d, 0.0, 0.0, 0.0);
         workgroupBarrier();
@@ -862,7 +902,8 @@ fn reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
         }
     }
 #endif
-    // The row's log-sum-exp (NEG for an empty sequence): lane 0 holds the merged (m, l).
+    // The row's log-sum-exp (NEG for an empty sequence without a sink logit): lane 0 holds
+    // the merged (m, l).
     if chunk.lse != 0u && lid == 0u {
         lse_out[qb * QH + qh] = select(NEG, m + log(l) + qmu, l > 0.0);
     }

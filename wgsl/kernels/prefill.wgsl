@@ -10,8 +10,8 @@
 // keys (scores) and PRB rows by PVU output vectors (values) out of workgroup memory, so a
 // load feeds several multiply-adds and a decoded value serves every row of the tile.
 //
-// Rows are (token, head) pairs of the slice: row r is its token r / G, head r % G of the
-// group. A rotated K's queries are rotated first, by `prefill_q` (the split kernel's own
+// Rows are (token, head) pairs of the slice: row r is its token r / GQ, head r % GQ of the
+// KV head's whole GQA group (the split kernel's row groups do not apply: rows are tiled). A rotated K's queries are rotated first, by `prefill_q` (the split kernel's own
 // rotation, into scratch after the slice's partials), so the tile loads them as they are.
 // With exact tokens, one more workgroup per row tile attends them as exact_partial does
 // (f16 rows in the caller's domain, K less its mean), the same tile loop over other loads.
@@ -101,41 +101,43 @@ fn prefill_query(b: u32, h: u32, r: u32, c: u32, rows: u32, plain: bool) -> vec4
     if r >= rows {
         return vec4<f32>(0.0);
     }
-    let qh = h * G + r % G;
+    let qh = h * GQ + r % GQ;
     if K_ROTATED && !plain {
-        return part[prefill_q_base() + prefill_row(b, r / G, qh) * PQW4 + c];
+        return part[prefill_q_base() + prefill_row(b, r / GQ, qh) * PQW4 + c];
     }
     if c >= D / 4u {
         return vec4<f32>(0.0);
     }
-    let o = ((b * chunk.n + chunk.first + r / G) * QH + qh) * D + 4u * c;
+    let o = ((b * chunk.n + chunk.first + r / GQ) * QH + qh) * D + 4u * c;
     return vec4<f32>(q_in[o], q_in[o + 1u], q_in[o + 2u], q_in[o + 3u]) * SCALE;
 }
 
-// Dispatch (KVH * NB, 1, ceil(count / CQ)) per slice, before `prefill`, for a rotated K only:
-// rotates the queries of CQ tokens (GR rows) as the split kernel does and stores them, with
-// QJL's S q, in the scratch.
+// Dispatch (KVH * NB * NRG, 1, ceil(count / CQ)) per slice, before `prefill`, for a rotated K
+// only: rotates the queries of CQ tokens (GR rows: G heads of a row group, as the split
+// kernel's) as the split kernel does and stores them, with QJL's S q, in the scratch.
 @compute @workgroup_size(WG)
 fn prefill_q(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let h = wid.x % KVH;
-    let b = wid.x / KVH;
+    let rg = wid.x % NRG;
+    let h = (wid.x / NRG) % KVH;
+    let b = wid.x / NRG / KVH;
+    let hq = h * GQ + rg * G;
     let z = wid.z * CQ;
     let nz = min(CQ, chunk.count - z);
-    qv$r = query_task(b * chunk.n + chunk.first + z, h, nz, lid + $ru * WG);
+    qv$r = query_task(b * chunk.n + chunk.first + z, hq, nz, lid + $ru * WG);
     load_diag(lid, WG, K_QJL, false);
     rotate_query(lid, b, h);
     workgroupBarrier();
     for (var i = lid; i < GR * PQW4; i += WG) {
         let g = i / PQW4;
         let c = i % PQW4;
-        if g / G < nz {
+        if g / G < nz && row_real(hq, g) {
             var x: vec4<f32>;
             if c < PQA / 4u {
                 x = rot_sh[g * (RW / 4u) + c];
             } else {
                 x = sq_sh[g * (D / 4u) + c - PQA / 4u];
             }
-            part[prefill_q_base() + prefill_row(b, z + g / G, h * G + g % G) * PQW4 + c] = x;
+            part[prefill_q_base() + prefill_row(b, z + g / G, hq + g % G) * PQW4 + c] = x;
         }
     }
 }
@@ -162,6 +164,11 @@ struct PrefillSrc {
 fn prefill_k(x: u32, cc: u32, s: PrefillSrc) -> pf4 {
     let u = s.t0 + min(x % PBC, s.tn - 1u);
     let c = cc + x / PBC;
+    // Columns past D of an f16 or int K row or an exact row (a head size that is no multiple
+    // of 32: the query rows are padded to whole passes) are zeros.
+    if D % 32u != 0u && (s.xw || !K_ROTATED) && c >= D / 4u {
+        return pf4(0.0);
+    }
 #if EXACT
     if s.xw {
         var k = x_load(s.b, s.h, x_pos(u, s.ns, s.rl), 0u, c);
@@ -217,7 +224,7 @@ fn prefill_v_store(x: u32, v: array<pf4, 2>, xw: bool) {
 
 // (With matrix units, MM, kernels/prefill_matrix.wgsl's `prefill` takes this one's place.)
 #if !MM
-// Dispatch (KVH * NB, chunk.splits + 1 (+ 1 with exact tokens), ceil(count G / PBR)) per segment, then
+// Dispatch (KVH * NB, chunk.splits + 1 (+ 1 with exact tokens), ceil(count GQ / PBR)) per segment, then
 // the reduce: workgroup (s, z) attends the rows PBR z .. of one KV head over split s of the
 // positions the tile's rows attend in this segment (whole 64-key tiles), each row masked to
 // its own causal end and window; with exact tokens, the codes up to each row's ring start,
@@ -228,7 +235,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
-    let rows = chunk.count * G;
+    let rows = chunk.count * GQ;
     let rb = wid.z * PBR;
     let tr = lid / PTK;
     let tk = lid % PTK;
@@ -238,7 +245,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         return;
     }
     // Query and value widths in vec4s: the codes', or D for the exact rows.
-    let qw4 = select(PQW4, D / 4u, xw);
+    let qw4 = select(PQW4, (D / 4u + PKC - 1u) / PKC * PKC, xw);
     let vw4 = select(PV4, D / 4u, xw);
     for (var i = lid; i < PBR * PQW4; i += PWG) {
         pq_sh[i] = pf4(prefill_query(b, h, rb + i / PQW4, i % PQW4, rows, xw));
@@ -257,10 +264,10 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     // Slice token z attends the positions before base + z + 1 (its own included), the last
     // WIN of them with a sliding window.
     let base = len - chunk.appended + chunk.first;
-    let e_lo = base + rb / G + 1u;
-    let e_hi = base + (min(rb + PBR, rows) - 1u) / G + 1u;
+    let e_lo = base + rb / GQ + 1u;
+    let e_hi = base + (min(rb + PBR, rows) - 1u) / GQ + 1u;
     // This invocation's rows (of its row group) and their causal ends.
-    let e$i = base + (rb + tr * PRB + $iu) / G + 1u;
+    let e$i = base + (rb + tr * PRB + $iu) / GQ + 1u;
 #if EXACT
     let xlo = workgroupUniformLoad(&xlo_sh);
 #if KMEAN
@@ -324,6 +331,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 s$i$j += psum(h$i$j);
             }
         }
+        s$i$j = capped(s$i$j);
 #if EXACT
         var pos$j: u32;
         var ok$i$j: bool;
@@ -399,7 +407,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let ri$i = rb + tr * PRB + $iu;
     // (The exact rows' slot is the last, SPLITS_TOTAL; their outputs are D wide.)
     let slot = select(split_slot(s), SPLITS_TOTAL, xw);
-    let at$i = prefill_row(b, ri$i / G, h * G + ri$i % G) * PSLOTS + slot;
+    let at$i = prefill_row(b, ri$i / GQ, h * GQ + ri$i % GQ) * PSLOTS + slot;
     if ri$i < rows && tk + $uu * PTK < vw4 { part[at$i * PV4 + tk + $uu * PTK] = o$i$u; }
     if ri$i < rows && tk == 0u { part[part_ml + at$i] = vec4<f32>(m$i, lt[$iu], 0.0, 0.0); }
 }

@@ -117,7 +117,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     let s = wid.y;
     let h = wid.x % KVH;
     let b = wid.x / KVH;
-    let rows = chunk.count * G;
+    let rows = chunk.count * GQ;
     let rb = wid.z * MR;
     // This invocation's row of the softmax and the outputs, and its lane in the row.
     let r = lid / ML;
@@ -144,9 +144,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     // Slice token z attends the positions before base + z + 1 (its own included), the last
     // WIN of them with a sliding window.
     let base = len - chunk.appended + chunk.first;
-    let e_lo = base + rb / G + 1u;
-    let e_hi = base + (min(rb + MR, rows) - 1u) / G + 1u;
-    let e = base + (rb + r) / G + 1u;
+    let e_lo = base + rb / GQ + 1u;
+    let e_hi = base + (min(rb + MR, rows) - 1u) / GQ + 1u;
+    let e = base + (rb + r) / GQ + 1u;
     let lo = e_lo - min(e_lo, WIN);
     let runs = seg_runs(lo, e_hi, seg);
     let stored = runs.y + runs.z;
@@ -218,7 +218,8 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         for (var x = 0u; x < MSK; x++) {
             sc$j += mr.s[x * MR * MSS + r * MSS + key$j];
         }
-        sc$j = select(NEG, sc$j, ok$j);
+        // (Capped where the cache has a softcap, as every kernel's scores.)
+        sc$j = select(NEG, capped(sc$j), ok$j);
         var mt = NEG;
         mt = max(mt, sc$j);
         mm_x[lid] = mt;
@@ -283,7 +284,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     }
     let ri = rb + r;
     if ri < rows {
-        let at = prefill_row(b, ri / G, h * G + ri % G) * PSLOTS + split_slot(s);
+        let at = prefill_row(b, ri / GQ, h * GQ + ri % GQ) * PSLOTS + split_slot(s);
         for (var c = ln; c < PV4; c += ML) {
             let o = r * MOS + 4u * c;
             part[at * PV4 + c] = vec4<f32>(mr.o[o], mr.o[o + 1u], mr.o[o + 2u], mr.o[o + 3u]);

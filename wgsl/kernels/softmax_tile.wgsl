@@ -1,12 +1,13 @@
 // One tile's online-softmax step of kernels/attention.wgsl (the split kernel's and the exact
 // tokens' workgroup's), included inside their tile loops. Each invocation scored one token
-// per row g (`sc$g`, attended where `ok$g`); the row's running max `m$g` and sum `l$g` are
+// per row g (`sc$g`, attended where `ok$g`; capped here where the cache has a softcap); the row's running max `m$g` and sum `l$g` are
 // in scope. Leaves `alpha$g` (the factor the row's output sums are rescaled by) and `pw$g`
 // (the weight of this invocation's token), with m$g and l$g updated; the caller writes the
 // weights. The tile max takes two steps: MXP invocations take 16 scores each, then every
 // invocation reads the MXP maxima (a scan of every score by every invocation cost as much as
 // the K phase), so every invocation derives the same max and m stays uniform.
 #unroll $g GR
+sc$g = capped(sc$g);
 {{scores}}[$g * (WG / 4u) + lid / 4u][lid % 4u] = select(NEG, sc$g, ok$g);
 workgroupBarrier();
 if lid < MXP {

@@ -27,8 +27,8 @@ struct Seg {
     split_base: u32,
     // The cache's shape numbers, the same in every segment's params (src/kernels/shape.rs):
     // the kernels name them NB, CAP, WIN, RING, LAYERS, KVH, QH, NSPLIT, SPLITS_TOTAL, PSLOTS,
-    // MIN_CHUNK, CST, KMU and SCALE, and the preprocessor reads each from here, so that
-    // caches differing only in them share one kernel text.
+    // MIN_CHUNK, CST, KMU, SCALE, SOFTCAP and SINKS, and the preprocessor reads each from
+    // here, so that caches differing only in them share one kernel text.
     batch: u32,
     capacity: u32,
     window: u32,
@@ -43,7 +43,28 @@ struct Seg {
     constants: u32,
     k_means: u32,
     scale: f32,
+    // Logit softcap, 0 for none.
+    softcap: f32,
+    // Index in the lengths buffer of layer 0's first sink logit ([LAYERS, QH] f32), NO_SINKS
+    // for none.
+    sinks: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const NO_SINKS: u32 = 0xffffffffu;
+
+// A scaled score as the softmax takes it: SOFTCAP * tanh(s / SOFTCAP) where a softcap is set.
+// tanh from exp(-2|x|), which never overflows (a driver's tanh may compute inf / inf = NaN
+// for a large argument).
+fn capped(s: f32) -> f32 {
+    if SOFTCAP > 0.0 {
+        let x = s / SOFTCAP;
+        let t = exp(-2.0 * abs(x));
+        return SOFTCAP * sign(x) * (1.0 - t) / (1.0 + t);
+    }
+    return s;
 }
 
 // Row index of (sequence b, kv head h, token position pos) inside a segment's buffer.
