@@ -5,7 +5,8 @@
 # same shape; then short chunks (SHORT, default 1,4,8) by the fused step and the split kernel
 # (units off) and by the matrix prefill kernel (units on, --prefill-from 1: one new token is a
 # chunk of 1, the decode on matrix units). CODECS, QUERIES and SHORT override the
-# sweep's codecs and chunk sizes (SHORT= skips the short chunks).
+# sweep's codecs and chunk sizes (SHORT= skips the short chunks), LONG_STEPS and SHORT_STEPS
+# its timed steps (5, 10).
 # Usage: bash bench/matrix-chunks.sh OUTDIR [BIN]: BIN (default bench/bin-mm) holds `sweep`,
 # the `chunk` test binary and optionally `kernel_stats` (then registers and pipeline caches for
 # bench/sass.py, rows 32 and 16), built here; .gl/ carried along. BUDGET (s, default 560).
@@ -24,7 +25,7 @@ echo "rc $?"; grep -E "test result|FAILED|panicked|matrix units|kvq tests" "$out
 codecs=${CODECS:-none,q8_sym,q4_sym,turbo3_sym,k_iso3,k_turbo3+qjl}
 queries=${QUERIES:-64,512}
 base=(--model qwen3-8b --ctx 32768 --codecs "$codecs" --precision fast --kernel-times --rounds 1)
-common=("${base[@]}" --prefill-from 64 --queries "$queries" --steps 5 --warmup 2)
+common=("${base[@]}" --prefill-from 64 --queries "$queries" --steps ${LONG_STEPS:-5} --warmup 2)
 for round in $(seq 1 ${ROUNDS:-1}); do
   for m in off on; do
     echo "== round $round, matrix $m ($(left) s left)"
@@ -44,7 +45,7 @@ if [ -n "$short" ]; then
     echo "== short chunks, matrix $m ($(left) s left)"
     extra=(); [ $m = on ] && extra=(--prefill-from 1)
     KVQ_MATRIX=$m timeout $(( $(left) / 3 )) $bin/sweep "${base[@]}" \
-      --queries "$short" --steps 10 --warmup 3 "${extra[@]}" \
+      --queries "$short" --steps ${SHORT_STEPS:-10} --warmup 3 "${extra[@]}" \
       --csv "$out/sweep-short-matrix-$m-$tag.csv" > "$out/sweep-short-matrix-$m-$tag.log" 2>&1
     tail -22 "$out/sweep-short-matrix-$m-$tag.log" | cut -c1-160
   done
