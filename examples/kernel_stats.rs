@@ -432,6 +432,7 @@ fn run() -> Result<(), Error> {
             // (The driver statistics this reads are NVIDIA's: its kernels as the measured
             // NVIDIA GPUs compile them.)
             baked_shape: kvq::tuning::BAKED_ON_NVIDIA,
+            layer_shapes: false,
             precision,
             matrix: args.matrix,
         };

@@ -117,9 +117,10 @@
 //! exact tokens) applies them, and the log-sum-exps count the sink. Both are uniforms, not
 //! kernel text. Head sizes are any multiple of 8 from 32 to 256 where the codecs' rows allow
 //! (sym and turbo blocks and a QJL residual need multiples of 32: typed errors otherwise).
-//! A window per layer ([`CacheSpec::with_layer_windows`]) and K and V of different widths
-//! (the MLA shapes) have the CPU reference ([`reference::Heads`]) only: the GPU kernels refuse
-//! them, typed.
+//! A window per layer ([`CacheSpec::with_layer_windows`], Gemma 2 and 3, gpt-oss) keeps each
+//! local layer's store to its window and slack (Gemma 3's five local layers of 1,024 to one
+//! global: under a third of the memory at 32k). K and V of different widths (the MLA shapes)
+//! have the CPU reference ([`reference::Heads`]) only: the GPU kernels refuse them, typed.
 //!
 //! # Precision
 //! [`CacheSpec::with_precision`]: [`Precision::Auto`] (the default) is `Fast` for caches whose

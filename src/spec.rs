@@ -336,8 +336,10 @@ pub struct CacheSpec {
     /// [`CacheSpec::window_slack`]), so its store holds only that: the cache's memory is the
     /// global layers' `capacity` and the local layers' rings ([`crate::KvCache::memory`]).
     /// Not with [`CacheSpec::window`] (which gives every layer one window in a ring of
-    /// `capacity`). The CPU reference serves it; [`crate::KvCache::new`] refuses it, typed
-    /// ([`crate::KvqError::InvalidSpec`]), until the GPU kernels do.
+    /// `capacity`). Each layer's kernels attend its own window over its own ring (the same
+    /// compiled kernels for every layer: [`crate::KernelConfig::bakes`]); a chunk longer than
+    /// the smallest slack is attended in slices ([`crate::KvCache::chunk_io`]), and
+    /// [`crate::KvCache::truncate`] follows each layer's ring.
     pub layer_windows: Option<Vec<Option<u32>>>,
     /// Ring slots a layer with a window of its own ([`CacheSpec::layer_windows`]) keeps
     /// beyond its window: how far [`crate::KvCache::truncate`] can roll such a layer back once

@@ -216,7 +216,9 @@ pub struct DeviceTuning {
     /// is a uniform, so caches of any capacity, batch, window, layers and splits share one
     /// compile ([`crate::GpuContext::compiled_pipelines`]). For a measurement, the environment
     /// variable `KVQ_BAKE` (comma-separated names, `all`, or empty for none) takes its place
-    /// for every cache of the process; either way the kernels compute the same results.
+    /// for every cache of the process; either way the kernels compute the same results. A
+    /// cache with a window per layer reads the numbers that differ between its layers from
+    /// their params all the same ([`crate::KernelConfig::bakes`]).
     pub baked_shape: &'static [&'static str],
     /// Whether kvq asks this adapter for cooperative matrices and puts the chunk kernels'
     /// products on them (where it offers fragments kvq's matrix kernels are written for:

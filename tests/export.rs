@@ -45,6 +45,7 @@ fn configs() -> Vec<KernelConfig> {
                 v: vc,
                 exact: Default::default(),
                 baked_shape: &[],
+                layer_shapes: false,
                 precision: kvq::Precision::Exact,
                 matrix: None,
             });

@@ -117,6 +117,7 @@ fn config(d: u32, g: u32, k: Codec, v: Codec) -> KernelConfig {
         v,
         exact: Default::default(),
         baked_shape: &[],
+        layer_shapes: false,
         precision: kvq::Precision::Exact,
         matrix: None,
     }

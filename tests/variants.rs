@@ -6,14 +6,14 @@
 //!   rotated `turbo3`, a QJL K `turbo3+qjl`), through the separate attend, the fused step, and
 //!   chunks by the split and the prefill kernel (with their log-sum-exps), over storage
 //!   segments, odd lengths and wrapped rings;
-//! - a window per layer: refused, typed, until the kernels serve it (its cases, chunks longer
-//!   than a ring's slack and a rollback among them, are written and ignored until then);
+//! - a window per layer: local rings of their own beside a global layer, each wrapping, with
+//!   chunks longer than a ring's slack and a rollback within each ring's rule (and one past
+//!   it refused, typed), with every codec family; a bad list of windows refused, typed;
 //! - GQA groups past the 8 heads one split workgroup serves: 16 (two row groups; `none` and a
 //!   QJL K) and multi-query 71 (nine, the last short; sym and rotated), with sinks and a cap;
 //! - head sizes that are no multiple of 32: 80 (`none`, multi-head), 40 (`iso3`, with exact
 //!   tokens) and 72 (`rotor3`), with sinks and a cap; the shapes refused, typed, by rule;
-//! - a Gemma-3-shaped cache with a window per layer at 32k: under a third of the memory
-//!   (ignored with the window per layer).
+//! - a Gemma-3-shaped cache with a window per layer at 32k: under a third of the memory.
 //!
 //! Each codec family's cases share one shape (head_dim 64, GQA 4), so its kernels compile
 //! once for all of them: the options are uniforms, not kernel text.
@@ -429,7 +429,6 @@ fn every_option_with_a_qjl_k() {
 }
 
 #[test]
-#[ignore = "a window per layer is refused, typed, by the GPU kernels yet"]
 fn a_window_per_layer_with_every_codec_family() {
     for (i, codecs) in ["none", "q8_sym", "turbo3_sym", "k_turbo3+qjl"]
         .into_iter()
@@ -440,11 +439,29 @@ fn a_window_per_layer_with_every_codec_family() {
 }
 
 #[test]
-fn a_window_per_layer_is_refused_typed_until_the_kernels_serve_it() {
-    let spec = base("q8_sym", 2, 300).with_layer_windows(vec![Some(40), None]);
+fn a_bad_window_per_layer_is_refused_typed() {
+    // Each bad list is refused by KvCache::new as an invalid spec, naming what is wrong.
+    let cases = [
+        (vec![Some(40)], "1 entries for 2 layers"),
+        (vec![Some(40), None, None], "3 entries for 2 layers"),
+        (vec![None, Some(0)], "layer 1's window 0"),
+        (vec![Some(301), None], "301"),
+    ];
+    for (windows, says) in cases {
+        let spec = base("q8_sym", 2, 300).with_layer_windows(windows.clone());
+        let e = KvCache::new(ctx(), spec).err().expect("refused");
+        assert!(
+            matches!(&e, kvq::KvqError::InvalidSpec(m) if m.contains(says)),
+            "{windows:?}: {e}"
+        );
+    }
+    // Not beside one window for every layer.
+    let spec = base("q8_sym", 2, 300)
+        .with_window(40)
+        .with_layer_windows(vec![Some(40), None]);
     let e = KvCache::new(ctx(), spec).err().expect("refused");
     assert!(
-        matches!(&e, kvq::KvqError::InvalidSpec(m) if m.contains("window per layer")),
+        matches!(&e, kvq::KvqError::InvalidSpec(m) if m.contains("both")),
         "{e}"
     );
 }
@@ -595,7 +612,6 @@ fn shapes_outside_what_the_kernels_serve_are_typed_errors_naming_the_rule() {
 }
 
 #[test]
-#[ignore = "a window per layer is refused, typed, by the GPU kernels yet"]
 fn a_gemma3_shaped_cache_with_a_window_per_layer_takes_under_a_third_of_the_memory() {
     // Gemma 3's pattern: five local layers of 1,024 tokens to one global, at 32k. (Its heads
     // are 256 wide, 16 over 8; the ratio does not depend on them: this cache takes the shape

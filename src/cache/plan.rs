@@ -71,15 +71,6 @@ pub(super) fn plan(
     matrix: Option<crate::MatrixUnits>,
 ) -> Result<Plan> {
     spec.validate()?;
-    if spec.layer_windows.is_some() {
-        // (A window per layer makes the ring's size, the window and the split slots differ
-        // between layers; the kernels read them from one set of shape numbers per cache, and
-        // a tuning may bake those into the text the layers share.)
-        return Err(KvqError::InvalidSpec(
-            "a window per layer is not served by the GPU kernels yet (the CPU reference has it)"
-                .into(),
-        ));
-    }
     let too_weak = |what: String, needed: u64, have: u64| KvqError::AdapterTooWeak {
         adapter: adapter.into(),
         what,
@@ -109,6 +100,8 @@ pub(super) fn plan(
         v: spec.codecs.v,
         exact: spec.exact,
         baked_shape: tuning.baked_shape,
+        // Each layer's ring in its own params (KernelConfig::bakes).
+        layer_shapes: spec.layer_windows.is_some(),
         // Without shader-f16 the fast products are not there: the exact kernels run.
         precision: match f16 {
             true => spec.precision.resolve(&spec.codecs),
@@ -408,6 +401,29 @@ mod tests {
                 .segment_tokens,
             1000
         );
+    }
+
+    #[test]
+    fn a_window_per_layer_gives_each_layer_its_ring_and_bakes_none_of_it() {
+        // Gemma 3's pattern on the tuning that bakes the shape numbers: the local layers'
+        // rings (1,024 + 256 slots) take fewer segments of 2,048 tokens than the global
+        // layer's 32k, and the numbers that differ between layers are read from the params.
+        let windows = (0..6).map(|l| (l != 5).then_some(1024)).collect();
+        let mut spec = llama3_8b(32768).with_layer_windows(windows);
+        spec.layers = 6;
+        spec.segment_tokens = Some(2048);
+        let p = plan(&spec, &limits(), big_gpu(), "t", false, None).unwrap();
+        assert_eq!(p.layer_segments, [1, 1, 1, 1, 1, 16]);
+        assert_eq!(
+            (p.layout.segments, p.cfg.capacity, p.cfg.window),
+            (16, 32768, None)
+        );
+        assert!(p.cfg.layer_shapes);
+        assert!(!p.cfg.bakes("CAP") && !p.cfg.bakes("WIN") && !p.cfg.bakes("PSLOTS"));
+        // The same cache without keeps the tuning's baked numbers.
+        spec.layer_windows = None;
+        let p = plan(&spec, &limits(), big_gpu(), "t", false, None).unwrap();
+        assert!(!p.cfg.layer_shapes);
     }
 
     #[test]

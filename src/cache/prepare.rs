@@ -172,8 +172,9 @@ impl KvCache {
     /// chunk is attended slice after slice in one recording; with recent exact tokens, slices
     /// of [`EXACT_CHUNK_SLICE`], each appended just before it is attended, so that every query
     /// sees the exact tokens a decode step at its position would; with a sliding window, a
-    /// chunk longer than its slack, `ring - window + 1` tokens, goes so too, in slices of at
-    /// most the slack, so that the ring never overwrites a position a query attends); an
+    /// chunk longer than its slack, `ring - window + 1` tokens (with a window per layer the
+    /// smallest over the layers, [`crate::CacheSpec::layer_capacity`]), goes so too, in slices
+    /// of at most the slack, so that no ring overwrites a position a query attends); an
     /// adapter whose binding limit holds not even one query's is refused, typed.
     pub fn chunk_io(
         &self,

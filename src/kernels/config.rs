@@ -69,6 +69,13 @@ pub struct KernelConfig {
     /// their WGSL names ([`crate::tuning::DeviceTuning::baked_shape`]: a cache takes its
     /// adapter's).
     pub baked_shape: &'static [&'static str],
+    /// Whether the layers' rings differ (a window per layer,
+    /// [`crate::CacheSpec::layer_windows`]): then the shape numbers that differ between
+    /// layers are read from each layer's params even where [`KernelConfig::baked_shape`]
+    /// names them ([`KernelConfig::bakes`]), so that every layer runs the same text with its
+    /// own ring. [`KernelConfig::capacity`], `window` and `segments` are then the global
+    /// layers' (a local layer's come from its [`crate::CacheSpec::layer_capacity`]).
+    pub layer_shapes: bool,
     /// The products' arithmetic ([`crate::Precision`]). A cache's is resolved for its codecs
     /// and adapter: `Exact` or `Fast`, `Fast` only where the adapter has `shader-f16`. One
     /// built by hand may say `Auto`, which these kernels resolve as a cache does
@@ -627,6 +634,7 @@ pub(super) mod tests {
             v: c.v,
             exact: Default::default(),
             baked_shape: &[],
+            layer_shapes: false,
             precision: crate::spec::Precision::Exact,
             matrix: None,
         }

@@ -76,6 +76,15 @@ const READS: [(&str, &str); 16] = [
     ("SINKS", "seg.sinks"),
 ];
 
+/// The shape numbers that differ between the layers of a cache with a window per layer
+/// ([`crate::CacheSpec::layer_windows`]): each layer's ring (`CAP`: its slots, `WIN`: its
+/// window, `RING`: whether it has one) and, as a smaller ring takes fewer storage segments,
+/// its split slots (`SPLITS_TOTAL`, `PSLOTS`). The layers share one text per kernel, so
+/// these are never baked into such a cache's kernels ([`KernelConfig::bakes`]): every
+/// layer's segments carry that layer's values in their params
+/// ([`KernelConfig::layer_shape_params`]), and the kernels read them there.
+pub(crate) const PER_LAYER: [&str; 5] = ["CAP", "WIN", "RING", "SPLITS_TOTAL", "PSLOTS"];
+
 /// Whether every name of `names` is a shape number's (the tuning table's lists are checked
 /// against this).
 pub(crate) fn known(names: &[&str]) -> bool {
@@ -153,8 +162,25 @@ impl KernelConfig {
         }
     }
 
+    /// Whether shape number `name` (its WGSL name) is baked into this configuration's text
+    /// as a constant, rather than read from each segment's params: the one statement of the
+    /// rule. Baked where [`KernelConfig::baked_shape`] (or, for a measurement, the
+    /// environment variable `KVQ_BAKE`) names it, except, where the layers' rings differ
+    /// ([`KernelConfig::layer_shapes`]), the numbers that differ between layers: `CAP`,
+    /// `WIN`, `RING`, `SPLITS_TOTAL` and `PSLOTS`, which every layer's params carry for that
+    /// layer.
+    pub fn bakes(&self, name: &str) -> bool {
+        if self.layer_shapes && PER_LAYER.contains(&name) {
+            return false;
+        }
+        match bake_override() {
+            Some(names) => names.iter().any(|b| b == name),
+            None => self.baked_shape.contains(&name),
+        }
+    }
+
     /// Adds the shape numbers to `h`: each read from the params at run time, or, where baked
-    /// ([`KernelConfig::baked_shape`], or `KVQ_BAKE`), its value as a constant.
+    /// ([`KernelConfig::bakes`]), its value as a constant.
     pub(super) fn shape_defines(&self, h: &mut Defines) {
         let p = self.shape_params();
         let values = [
@@ -175,12 +201,8 @@ impl KernelConfig {
             Value::F32(p.softcap),
             Value::U32(p.sinks),
         ];
-        let baked = |name: &str| match bake_override() {
-            Some(names) => names.iter().any(|b| b == name),
-            None => self.baked_shape.contains(&name),
-        };
         for ((name, read), value) in READS.into_iter().zip(values) {
-            if baked(name) {
+            if self.bakes(name) {
                 h.constant(name, value);
             } else {
                 h.constant(name, Value::Uniform(read));
@@ -269,5 +291,46 @@ mod tests {
         let src = a.module_source(KernelModule::Decode).unwrap();
         assert!(src.contains("const CAP: u32 = 256u;") && src.contains("seg.scale"));
         assert_ne!(src, b.module_source(KernelModule::Decode).unwrap());
+    }
+
+    #[test]
+    fn a_window_per_layer_reads_each_layers_ring_from_its_params_even_where_baked() {
+        if super::bake_override().is_some() {
+            return;
+        }
+        // Where the layers' rings differ, the numbers that differ between layers are read
+        // from the params on a tuning that bakes them, and only those: the others stay baked.
+        let a = KernelConfig {
+            baked_shape: crate::tuning::BAKED_ON_NVIDIA,
+            layer_shapes: true,
+            ..cfg("q4_sym", 128)
+        };
+        for name in super::PER_LAYER {
+            assert!(crate::tuning::BAKED_ON_NVIDIA.contains(&name), "{name}");
+            assert!(!a.bakes(name), "{name}");
+        }
+        assert!(a.bakes("NB") && a.bakes("NSPLIT") && !a.bakes("SCALE"));
+        for m in KernelModule::all() {
+            let src = a.module_source(m).unwrap();
+            assert!(!src.contains("const CAP: u32") && !src.contains("const WIN: u32"));
+            assert!(!src.contains("const PSLOTS: u32"), "{m:?}");
+        }
+        let src = a.module_source(KernelModule::Decode).unwrap();
+        assert!(src.contains("seg.capacity") && src.contains("seg.window"));
+        assert!(src.contains("const NB: u32 = 1u;"));
+        // So caches whose rings differ share the text (its layers do: one compile each).
+        let b = KernelConfig {
+            capacity: 999,
+            window: Some(100),
+            segments: 3,
+            ..a.clone()
+        };
+        for m in KernelModule::all() {
+            assert_eq!(
+                a.module_source(m).unwrap(),
+                b.module_source(m).unwrap(),
+                "{m:?}"
+            );
+        }
     }
 }
