@@ -377,48 +377,81 @@ fn replay_plans_are_well_formed_and_reproduce_the_reference_natively() {
     .map(|s| s.expect("scenario").clone())
     .collect();
     for sc in picks {
-        let plan = export::replay_plan(common::ctx(), &sc, Target::Browser).expect("plan");
-        // The JSON parses and its indices point at what exists.
-        let json: serde_json::Value =
-            serde_json::from_str(&plan.to_json()).expect("plan JSON parses");
-        assert_eq!(json["format"], "kvq-replay-plan/1");
-        let n = |k: &str| json[k].as_array().map_or(0, |a| a.len());
-        assert_eq!(n("modules"), KernelModule::all().len());
-        assert_eq!(n("buffers"), plan.buffers.len());
-        for p in &plan.pipelines {
-            assert!(p.module < plan.modules.len());
-            assert!(p.layouts.iter().all(|&l| l < plan.layouts.len()));
-        }
-        for g in &plan.bind_groups {
-            assert_eq!(g.buffers.len(), plan.layouts[g.layout].entries.len());
-            assert!(g.buffers.iter().all(|&b| b < plan.buffers.len()));
-        }
-        for b in &plan.buffers {
-            assert_eq!(b.size % 4, 0);
-            assert!(b.init.as_ref().is_none_or(|x| x.len() as u64 == b.size));
-        }
-        let dispatches: usize = plan.passes.iter().map(|p| p.dispatches.len()).sum();
-        assert!(dispatches > 2 * sc.steps as usize, "{}", sc.name);
-        assert_eq!(plan.checks.len(), sc.steps as usize + 1);
+        replay_and_check(&sc);
+    }
+}
 
-        let got = replay_natively(&plan);
-        for (c, bytes) in plan.checks.iter().zip(got) {
-            match &c.expected {
-                Expected::F32 {
-                    values,
-                    chunk,
-                    tolerance,
-                } => {
-                    let f: &[f32] = bytemuck::cast_slice(&bytes);
-                    for (g, w) in f[..values.len()].chunks(*chunk).zip(values.chunks(*chunk)) {
-                        let e = common::rel_err(g, w);
-                        assert!(e <= *tolerance, "{} {}: rel err {e:e}", sc.name, c.label);
-                    }
+#[test]
+fn a_replay_plan_of_a_layer_with_a_window_of_its_own_reproduces_the_reference() {
+    // Layer 0 keeps a ring of 64 slots (window 40, slack 24) in two segments of 32 beside a
+    // global layer of 160 in five: the plan binds layer 0's params, whose ring and split slots
+    // are its own, and its fused steps wrap the ring the prefill has wrapped already.
+    let mut spec = kvq::CacheSpec::new(2, 8, 2, 64, 160)
+        .with_codecs(KvCodecs::parse("q8_sym").unwrap())
+        .with_batch(2)
+        .with_splits(3)
+        .with_precision(kvq::Precision::Exact)
+        .with_layer_windows(vec![Some(40), None])
+        .with_window_slack(24);
+    spec.segment_tokens = Some(32);
+    assert_eq!((spec.layer_capacity(0), spec.layer_capacity(1)), (64, 160));
+    let sc = export::Scenario {
+        name: "q8-layer-window".into(),
+        spec,
+        layer: 0,
+        prefill: 101,
+        prefill_input: InputType::F32,
+        steps: 5,
+        step_input: InputType::F16,
+        path: StepPath::Fused,
+        seed: 77,
+    };
+    replay_and_check(&sc);
+}
+
+/// Builds `sc`'s replay plan, checks that it is well formed, replays it natively and holds
+/// every check to its expected values.
+fn replay_and_check(sc: &export::Scenario) {
+    let plan = export::replay_plan(common::ctx(), sc, Target::Browser).expect("plan");
+    // The JSON parses and its indices point at what exists.
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json()).expect("plan JSON parses");
+    assert_eq!(json["format"], "kvq-replay-plan/1");
+    let n = |k: &str| json[k].as_array().map_or(0, |a| a.len());
+    assert_eq!(n("modules"), KernelModule::all().len());
+    assert_eq!(n("buffers"), plan.buffers.len());
+    for p in &plan.pipelines {
+        assert!(p.module < plan.modules.len());
+        assert!(p.layouts.iter().all(|&l| l < plan.layouts.len()));
+    }
+    for g in &plan.bind_groups {
+        assert_eq!(g.buffers.len(), plan.layouts[g.layout].entries.len());
+        assert!(g.buffers.iter().all(|&b| b < plan.buffers.len()));
+    }
+    for b in &plan.buffers {
+        assert_eq!(b.size % 4, 0);
+        assert!(b.init.as_ref().is_none_or(|x| x.len() as u64 == b.size));
+    }
+    let dispatches: usize = plan.passes.iter().map(|p| p.dispatches.len()).sum();
+    assert!(dispatches > 2 * sc.steps as usize, "{}", sc.name);
+    assert_eq!(plan.checks.len(), sc.steps as usize + 1);
+
+    let got = replay_natively(&plan);
+    for (c, bytes) in plan.checks.iter().zip(got) {
+        match &c.expected {
+            Expected::F32 {
+                values,
+                chunk,
+                tolerance,
+            } => {
+                let f: &[f32] = bytemuck::cast_slice(&bytes);
+                for (g, w) in f[..values.len()].chunks(*chunk).zip(values.chunks(*chunk)) {
+                    let e = common::rel_err(g, w);
+                    assert!(e <= *tolerance, "{} {}: rel err {e:e}", sc.name, c.label);
                 }
-                Expected::U32(want) => {
-                    let u: &[u32] = bytemuck::cast_slice(&bytes);
-                    assert_eq!(&u[..want.len()], &want[..], "{} {}", sc.name, c.label);
-                }
+            }
+            Expected::U32(want) => {
+                let u: &[u32] = bytemuck::cast_slice(&bytes);
+                assert_eq!(&u[..want.len()], &want[..], "{} {}", sc.name, c.label);
             }
         }
     }

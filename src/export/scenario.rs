@@ -181,7 +181,8 @@ fn check_scenario(sc: &Scenario) -> Result<u64> {
         )));
     }
     let total = sc.prefill as u64 + sc.steps as u64 * sc.path.tokens() as u64;
-    if sc.layer >= s.layers || (total > s.capacity as u64 && s.window.is_none()) {
+    // (A layer with a window, the cache's or its own, never fills.)
+    if sc.layer >= s.layers || (total > s.capacity as u64 && s.layer_window(sc.layer).is_none()) {
         return Err(KvqError::InvalidSpec(format!(
             "scenario '{}': layer {} of {} and {} tokens in capacity {}",
             sc.name, sc.layer, s.layers, total, s.capacity
@@ -228,6 +229,8 @@ struct Inputs {
     rng: Rng,
     batch: usize,
     row: usize,
+    /// The scenario's layer's window ([`CacheSpec::layer_window`]): `None` attends every token.
+    window: Option<u32>,
     ks: Vec<Vec<f32>>,
     vs: Vec<Vec<f32>>,
 }
@@ -239,6 +242,7 @@ impl Inputs {
             rng: Rng(SplitMix64::new(sc.seed)),
             batch: b,
             row: (sc.spec.kv_heads * sc.spec.head_dim) as usize,
+            window: sc.spec.layer_window(sc.layer),
             ks: vec![Vec::new(); b],
             vs: vec![Vec::new(); b],
         }
@@ -305,10 +309,10 @@ impl Inputs {
                 .collect()
         };
         let qs: Vec<f64> = q.iter().map(|&x| x as f64).collect();
-        // A sliding window attends its last `window` tokens only.
+        // A sliding window (the layer's) attends its last `window` tokens only.
         let total = self.ks[seq].len() / (kvh * d);
         let len = total - later;
-        let first = (len - len.min(s.window.unwrap_or(s.capacity) as usize)) * kvh * d;
+        let first = (len - len.min(self.window.unwrap_or(s.capacity) as usize)) * kvh * d;
         let end = len * kvh * d;
         let (ks, vs) = (&self.ks[seq][first..end], &self.vs[seq][first..end]);
         if s.exact.any() {
