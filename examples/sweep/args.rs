@@ -10,7 +10,7 @@ use crate::plan::{CPU_DEFAULT, GPU_DEFAULT};
 /// The usage text, printed on `--help` or on a bad flag.
 pub fn usage() -> String {
     format!(
-        "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny] [--ctx 4096,32768] [--codecs none,q8_sym,turbo3_sym+exact,...|all]
+        "usage: sweep [--model llama3-8b|qwen3-8b|qwen2.5-7b|llama3-70b|tiny|gpt-oss-20b|gemma3-12b|gemma2-9b|phi-2|qwen3-235b|deepseek-v3] [--ctx 4096,32768] [--codecs none,q8_sym,turbo3_sym+exact,...|all]
              [--batch B] [--queries 1,4,8] [--rounds N] [--steps N] [--warmup N] [--busy MS] [--splits N] [--wg 64|128|256] [--unfused] [--shader-checks] [--kernel-times]
              [--wait spin|block] [--exact SINK,RECENT[,kmean]] [--prefill-from N] [--chunk-splits N] [--precision auto|exact|fast] [--csv FILE] [--plot FILE.svg] [--mem-budget GIB]
              [--matrix default|all|off|list|NAME,...] [--matrix-dump DIR] [--probes-only]

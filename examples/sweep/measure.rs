@@ -273,6 +273,7 @@ impl PointRun<'_> {
         spec.prefill_from = args.prefill_from;
         spec.chunk_splits = args.chunk_splits;
         spec.precision = args.precision;
+        let spec = m.options(spec);
         self.status("allocating");
         let mut cache = KvCache::new(self.ctx, spec).map_err(|e| Skip::Skipped(e.to_string()))?;
         self.status("filling");
@@ -286,17 +287,23 @@ impl PointRun<'_> {
             false => Vec::new(),
         };
         let l = cache.layout();
-        // Bytes a step must read: every stored row of every layer at the mid-run length.
+        // Bytes a step must read: every row each layer attends (a local layer's window) at the
+        // mid-run length.
         let len = self.context as u64 + (args.warmup + self.steps / 2) as u64 * self.queries as u64;
-        let bytes = args.batch as u64
-            * m.layers as u64
-            * m.kv_heads as u64
-            * len
-            * (l.k_row_bytes + l.v_row_bytes);
-        // Query i of a step's n attends len + i + 1 positions (at the mid-run length).
-        let (n, before) = (self.queries as f64, len as f64);
-        let keys = n * before + n * (n + 1.0) / 2.0;
-        let flop = 4.0 * keys * (args.batch * m.layers * m.q_heads * m.head_dim) as f64;
+        let rows: u64 = (0..m.layers).map(|layer| m.attended(layer, len)).sum();
+        let bytes = args.batch as u64 * m.kv_heads as u64 * rows * (l.k_row_bytes + l.v_row_bytes);
+        // Query i of a step's n attends len + i + 1 positions (at the mid-run length), a local
+        // layer's at most its window.
+        let keys: f64 = (0..m.layers)
+            .map(|layer| {
+                let before = m.attended(layer, len) as f64;
+                let w = m.window(layer).map_or(f64::INFINITY, f64::from);
+                (1..=self.queries)
+                    .map(|i| (before + i as f64).min(w))
+                    .sum::<f64>()
+            })
+            .sum();
+        let flop = 2.0 * keys * (args.batch * m.q_heads * (m.head_dim + m.v_dim())) as f64;
         Ok(Row {
             codec: self.name.to_string(),
             ctx: self.context,
@@ -308,7 +315,7 @@ impl PointRun<'_> {
             bytes,
             flop,
             bits_k: self.codecs.k.bits_per_value(m.head_dim),
-            bits_v: self.codecs.v.bits_per_value(m.head_dim),
+            bits_v: self.codecs.v.bits_per_value(m.v_dim()),
             host_bytes: (t.stats.bytes_uploaded + t.stats.bytes_downloaded) as f64
                 / self.steps as f64,
             dispatches: t.stats.dispatches as f64 / self.steps as f64,

@@ -207,7 +207,13 @@ fn host_available_bytes() -> Option<u64> {
 /// Bytes of K/V store a cache of this shape allocates (whole 32-token blocks), before it is
 /// built.
 fn planned_store_bytes(m: &Model, codecs: KvCodecs, capacity: u32, batch: u32) -> u64 {
-    let rows =
-        batch as u64 * m.layers as u64 * m.kv_heads as u64 * capacity.next_multiple_of(32) as u64;
-    rows * 4 * (codecs.k.row_words(m.head_dim) + codecs.v.row_words(m.head_dim)) as u64
+    // (A local layer's ring: its window and slack, as the cache sizes it.)
+    let spec = m.options(kvq::CacheSpec::new(
+        m.layers, m.q_heads, m.kv_heads, m.head_dim, capacity,
+    ));
+    let slots: u64 = (0..m.layers)
+        .map(|l| spec.layer_capacity(l).next_multiple_of(32) as u64)
+        .sum();
+    let rows = batch as u64 * m.kv_heads as u64 * slots;
+    rows * 4 * (codecs.k.row_words(m.head_dim) + codecs.v.row_words(m.v_dim())) as u64
 }
