@@ -125,11 +125,11 @@ fn memory_parts_add_up_to_every_buffer_the_cache_allocated() {
         let rotated = codecs.k.kind.is_rotated() || codecs.v.kind.is_rotated();
         assert_eq!(m.constants > 0, rotated, "{name}: codec constants");
         // `Seg` in wgsl/shared/common.wgsl: where the segment lies (5 words), the cache's
-        // 14 shape numbers, one pad word: 20 words.
+        // 16 shape numbers, three pad words: 24 words.
         assert_eq!(
             m.params,
-            2 * 2 * 80,
-            "{name}: one 80-byte uniform per segment"
+            2 * 2 * 96,
+            "{name}: one 96-byte uniform per segment"
         );
         assert!(m.scratch > 0);
 

@@ -42,7 +42,9 @@ pub fn harness_codecs() -> Vec<Codec> {
 /// next codec of the list that has no QJL) and as V, on rotating shapes (head_dim 64 and 128,
 /// GQA 1 and 4, one and two sequences, one and three storage segments, prefill on the small
 /// and the wide append path, lengths that are no multiple of any tile), the pairings taking
-/// the separate and the fused step path in turn, with f32 and f16 inputs alternating.
+/// the separate and the fused step path in turn, with f32 and f16 inputs alternating; then
+/// chunks, exact tokens, and sink logits with a softcap over GQA 16 on a layer with a window
+/// of its own.
 pub fn scenarios() -> Vec<Scenario> {
     // (head_dim, q_heads, kv_heads, batch, segment_tokens, prefill)
     let shapes: [(u32, u32, u32, u32, Option<u32>, u32); 4] = [
@@ -185,6 +187,43 @@ pub fn scenarios() -> Vec<Scenario> {
             out.push(tiled);
         }
         out.push(sc);
+    }
+    // Today's model shapes: sink logits and a softcap over GQA 16 (two row groups of one KV
+    // head's query heads), on layer 1 of a cache whose layers have windows of their own (a
+    // window of 24 over a ring of 32 slots that wraps during the prefill), by the fused step
+    // and by chunks through the prefill kernel.
+    for (n, path) in [StepPath::Fused, StepPath::Chunk].into_iter().enumerate() {
+        let (qh, kvh, d, prefill, steps) = (16u32, 1u32, 64u32, 45u32, 3u32);
+        let sinks: Vec<f32> = (0..2 * qh).map(|i| (i % 5) as f32 - 2.0).collect();
+        let mut spec = CacheSpec::new(2, qh, kvh, d, prefill + steps * path.tokens() + 11)
+            .with_codecs(KvCodecs::parse("k=turbo3,v=q4").unwrap())
+            .with_splits(3)
+            .with_precision(kvq::Precision::Exact)
+            .with_softcap(3.0)
+            .with_sink_logits(sinks)
+            .with_layer_windows(vec![None, Some(24)]);
+        spec.window_slack = 8;
+        if path == StepPath::Chunk {
+            spec.prefill_from = Some(1);
+        }
+        out.push(Scenario {
+            name: format!(
+                "k_turbo3_v_q4-d64-g16-sinks-cap3-lw24-{}",
+                if path == StepPath::Chunk {
+                    "prefill"
+                } else {
+                    path_name(path)
+                }
+            ),
+            spec,
+            layer: 1,
+            prefill,
+            prefill_input: InputType::F16,
+            steps,
+            step_input: InputType::F32,
+            path,
+            seed: 9000 + n as u64,
+        });
     }
     out
 }

@@ -131,7 +131,7 @@ pub async fn replay_plan_async(
             .map(|(p, m, ep, t)| (p.clone(), (module_ids[&m], ep, t)))
             .collect(),
     );
-    let mut inputs = Inputs::new(sc);
+    let mut inputs = Inputs::new(sc)?;
     record_prefill(ctx, &mut cache, &mut rec, sc, &mut inputs)?;
     let kref = CodecRef::new(s.codecs.k, s.head_dim, s.seed)?;
     let vref = CodecRef::new(s.codecs.v, s.head_dim, s.seed)?;
@@ -231,21 +231,24 @@ struct Inputs {
     row: usize,
     /// The scenario's layer's window ([`CacheSpec::layer_window`]): `None` attends every token.
     window: Option<u32>,
+    /// The layer's attention: heads, scale, softcap and sink logits ([`reference::Heads`]).
+    heads: reference::Heads,
     ks: Vec<Vec<f32>>,
     vs: Vec<Vec<f32>>,
 }
 
 impl Inputs {
-    fn new(sc: &Scenario) -> Inputs {
+    fn new(sc: &Scenario) -> Result<Inputs> {
         let b = sc.spec.batch as usize;
-        Inputs {
+        Ok(Inputs {
             rng: Rng(SplitMix64::new(sc.seed)),
             batch: b,
             row: (sc.spec.kv_heads * sc.spec.head_dim) as usize,
             window: sc.spec.layer_window(sc.layer),
+            heads: reference::Heads::for_layer(&sc.spec, sc.layer)?,
             ks: vec![Vec::new(); b],
             vs: vec![Vec::new(); b],
-        }
+        })
     }
 
     /// K and V of `n` new tokens per sequence, `[batch, n, kv_heads, head_dim]`, kept.
@@ -302,7 +305,7 @@ impl Inputs {
         kref: &CodecRef,
         vref: &CodecRef,
     ) -> Vec<f64> {
-        let (qh, kvh, d) = (s.q_heads as usize, s.kv_heads as usize, s.head_dim as usize);
+        let (kvh, d) = (s.kv_heads as usize, s.head_dim as usize);
         let dequant = |r: &CodecRef, x: &[f32]| -> Vec<f64> {
             x.chunks(d)
                 .flat_map(|row| r.decode(&r.encode(row)))
@@ -323,11 +326,13 @@ impl Inputs {
             // Scores from the QJL estimator over the encoded rows, as the GPU computes.
             let rows: Vec<Vec<u32>> = ks.chunks(d).map(|x| kref.encode(x)).collect();
             let scale = s.softmax_scale() as f64;
-            reference::attention_with_scores(&vd, qh, kvh, d, |q, h, t| {
-                scale * kref.ip_estimate(&rows[t * kvh + h], &qs[q * d..(q + 1) * d])
-            })
+            self.heads
+                .attend_scores(&vd, |q, h, t| {
+                    scale * kref.ip_estimate(&rows[t * kvh + h], &qs[q * d..(q + 1) * d])
+                })
+                .out
         } else {
-            reference::attention(&qs, &kd, &vd, qh, kvh, d, s.softmax_scale() as f64)
+            self.heads.attend(&qs, &kd, &vd).out
         }
     }
 
@@ -348,7 +353,7 @@ impl Inputs {
         kref: &CodecRef,
         vref: &CodecRef,
     ) -> Vec<f64> {
-        let (qh, kvh, d) = (s.q_heads as usize, s.kv_heads as usize, s.head_dim as usize);
+        let (kvh, d) = (s.kv_heads as usize, s.head_dim as usize);
         let sink = s.exact.sink as usize;
         let ring_lo = sink
             .max(len.saturating_sub(s.exact.recent as usize))
@@ -382,7 +387,7 @@ impl Inputs {
             }
         }
         let scale = s.softmax_scale() as f64;
-        reference::attention_with_scores(&vd, qh, kvh, d, |q, h, t| {
+        let out = self.heads.attend_scores(&vd, |q, h, t| {
             let qv = &qs[q * d..(q + 1) * d];
             if s.codecs.k.qjl && !exact(t) {
                 let qm: f64 = qv
@@ -394,7 +399,8 @@ impl Inputs {
             }
             let kr = &kd[(t * kvh + h) * d..(t * kvh + h + 1) * d];
             scale * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
-        })
+        });
+        out.out
     }
 }
 
