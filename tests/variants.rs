@@ -20,7 +20,9 @@
 
 mod common;
 
-use common::{Rng, attend_poisoned, ctx, lse_err, read_f32, rel_err, storage_buffer};
+use common::{
+    Kept, Rng, attend_poisoned, ctx, lse_err, read_f32, rel_err, step_poisoned, storage_buffer,
+};
 use kvq::codec::CodecRef;
 use kvq::reference::{Attended, Heads};
 use kvq::{CacheSpec, InputType, KvCache, KvCodecs, Precision, SinkLogits};
@@ -36,9 +38,7 @@ const FAST_TOL: f64 = 1e-2;
 struct Model {
     cache: KvCache,
     sinks: Option<Vec<f32>>,
-    /// [layer][seq][position] -> the token's K (and V) input, kv_heads * head_dim values.
-    k: Vec<Vec<Vec<Vec<f32>>>>,
-    v: Vec<Vec<Vec<Vec<f32>>>>,
+    kept: Kept,
     rng: Rng,
 }
 
@@ -63,12 +63,10 @@ impl Model {
                 false => SinkLogits::Host(s.clone()),
             });
         }
-        let (l, b) = (spec.layers as usize, spec.batch as usize);
         Model {
+            kept: Kept::new(spec.layers, spec.batch),
             cache: KvCache::new(gpu, spec).expect("cache"),
             sinks,
-            k: vec![vec![Vec::new(); b]; l],
-            v: vec![vec![Vec::new(); b]; l],
             rng: Rng::new(seed),
         }
     }
@@ -83,22 +81,14 @@ impl Model {
         let per = (s.kv_heads * s.head_dim) as usize;
         let k = self.rng.normals(s.batch as usize * n * per, 1.0);
         let v = self.rng.normals(k.len(), 1.0);
-        for b in 0..s.batch as usize {
-            for t in 0..n {
-                let r = (b * n + t) * per..(b * n + t + 1) * per;
-                self.k[layer as usize][b].push(k[r.clone()].to_vec());
-                self.v[layer as usize][b].push(v[r].to_vec());
-            }
-        }
+        self.kept.record(layer, n, &k, &v);
         (k, v)
     }
 
     /// Cuts sequence `seq` back to `len` tokens in every layer.
     fn truncate(&mut self, seq: u32, len: u32) {
         self.cache.truncate(seq, len).expect("truncate");
-        for layer in self.k.iter_mut().chain(&mut self.v) {
-            layer[seq as usize].truncate(len as usize);
-        }
+        self.kept.truncate(seq, len);
     }
 
     fn append(&mut self, layer: u32, n: usize) {
@@ -117,16 +107,7 @@ impl Model {
     fn step(&mut self, layer: u32, n: usize) -> f64 {
         let (k, v) = self.tokens(layer, n);
         let q = self.queries(1);
-        let mk = |d: &[f32]| storage_buffer(ctx(), d);
-        let (kb, vb, qb, ob) = (mk(&k), mk(&v), mk(&q), mk(&vec![f32::NAN; q.len()]));
-        let io = self
-            .cache
-            .step_io(&kb, &vb, n as u32, InputType::F32, &qb, &ob)
-            .expect("step_io");
-        let mut enc = ctx().device.create_command_encoder(&Default::default());
-        self.cache.step(&mut enc, layer, &io).expect("step");
-        ctx().queue.submit([enc.finish()]);
-        let out = read_f32(ctx(), &ob, q.len());
+        let out = step_poisoned(&mut self.cache, layer, n as u32, &k, &v, &q);
         self.worst(layer, 1, &q, &out, None).0
     }
 
@@ -186,7 +167,7 @@ impl Model {
         let (mut worst, mut worst_lse) = (0.0f64, 0.0f64);
         for b in 0..s.batch as usize {
             let len = self.cache.len(layer, b as u32).unwrap() as usize;
-            assert_eq!(len, self.k[layer as usize][b].len());
+            assert_eq!(len, self.kept.k[layer as usize][b].len());
             for i in 0..n as usize {
                 let pos = len - n as usize + i;
                 let lo = s
@@ -201,8 +182,8 @@ impl Model {
                 for p in lo..=pos {
                     for h in 0..kvh {
                         let (x, y) = (
-                            &self.k[layer as usize][b][p][h * d..(h + 1) * d],
-                            &self.v[layer as usize][b][p][h * dv..(h + 1) * dv],
+                            &self.kept.k[layer as usize][b][p][h * d..(h + 1) * d],
+                            &self.kept.v[layer as usize][b][p][h * dv..(h + 1) * dv],
                         );
                         if ring && p + cap < len {
                             kr.push(kref.encode(x));
@@ -237,10 +218,10 @@ impl Model {
                     let (p, h) = (lo + t / kvh, t % kvh);
                     if is_exact(p) {
                         k.extend(kvq::reference::round_f16(
-                            &self.k[layer as usize][b][p][h * d..(h + 1) * d],
+                            &self.kept.k[layer as usize][b][p][h * d..(h + 1) * d],
                         ));
                         v.extend(kvq::reference::round_f16(
-                            &self.v[layer as usize][b][p][h * dv..(h + 1) * dv],
+                            &self.kept.v[layer as usize][b][p][h * dv..(h + 1) * dv],
                         ));
                     } else {
                         k.extend(kref.decode(a));

@@ -5,28 +5,24 @@
 
 mod common;
 
-use common::{Rng, attend_poisoned, ctx, read_f32, reference_over_rows, rel_err};
+use common::{Kept, Rng, attend_poisoned, ctx, reference_over_rows, rel_err, step_poisoned};
 use kvq::codec::CodecRef;
-use kvq::{CacheSpec, InputType, KvCache, KvCodecs, KvqError};
+use kvq::{CacheSpec, KvCache, KvCodecs, KvqError};
 
 const TOL: f64 = 1e-3;
 
 /// A windowed cache and every token appended to it, to know what the ring must hold.
 struct Ring {
     cache: KvCache,
-    /// [layer][seq][position] -> the token's K (and V) input, kv_heads * head_dim values.
-    k: Vec<Vec<Vec<Vec<f32>>>>,
-    v: Vec<Vec<Vec<Vec<f32>>>>,
+    kept: Kept,
     rng: Rng,
 }
 
 impl Ring {
     fn new(spec: CacheSpec, seed: u64) -> Ring {
-        let (l, b) = (spec.layers as usize, spec.batch as usize);
         Ring {
+            kept: Kept::new(spec.layers, spec.batch),
             cache: KvCache::new(ctx(), spec).expect("cache"),
-            k: vec![vec![Vec::new(); b]; l],
-            v: vec![vec![Vec::new(); b]; l],
             rng: Rng::new(seed),
         }
     }
@@ -43,13 +39,7 @@ impl Ring {
             .map(|i| self.rng.normal() * if i % 31 == 0 { 5.0 } else { 1.0 })
             .collect();
         let v = self.rng.normals(k.len(), 1.0);
-        for b in 0..s.batch as usize {
-            for t in 0..n {
-                let r = (b * n + t) * per..(b * n + t + 1) * per;
-                self.k[layer as usize][b].push(k[r.clone()].to_vec());
-                self.v[layer as usize][b].push(v[r].to_vec());
-            }
-        }
+        self.kept.record(layer, n, &k, &v);
         (k, v)
     }
 
@@ -61,20 +51,11 @@ impl Ring {
     /// A fused step of `n` tokens; returns the worst relative error of its output.
     fn step(&mut self, layer: u32, n: usize) -> f64 {
         let s = self.spec();
-        let dev = &ctx().device;
         let (k, v) = self.tokens(layer, n);
-        let qn = (s.batch * s.q_heads * s.head_dim) as usize;
-        let q = self.rng.normals(qn, 1.5);
-        let mk = |data: &[f32]| common::storage_buffer(ctx(), data);
-        let (kb, vb, qb, ob) = (mk(&k), mk(&v), mk(&q), mk(&vec![f32::NAN; qn]));
-        let io = self
-            .cache
-            .step_io(&kb, &vb, n as u32, InputType::F32, &qb, &ob)
-            .expect("step_io");
-        let mut enc = dev.create_command_encoder(&Default::default());
-        self.cache.step(&mut enc, layer, &io).expect("step");
-        ctx().queue.submit([enc.finish()]);
-        let out = read_f32(ctx(), &ob, qn);
+        let q = self
+            .rng
+            .normals((s.batch * s.q_heads * s.head_dim) as usize, 1.5);
+        let out = step_poisoned(&mut self.cache, layer, n as u32, &k, &v, &q);
         self.worst(layer, &q, &out)
     }
 
@@ -92,7 +73,7 @@ impl Ring {
     fn window(&self, layer: u32, b: u32) -> std::ops::Range<usize> {
         let s = self.spec();
         let len = self.cache.len(layer, b).unwrap() as usize;
-        assert_eq!(len, self.k[layer as usize][b as usize].len());
+        assert_eq!(len, self.kept.k[layer as usize][b as usize].len());
         len - len.min(s.window.unwrap() as usize)..len
     }
 
@@ -129,13 +110,13 @@ impl Ring {
         let (kw, vw) = (kref.layout().words as usize, vref.layout().words as usize);
         let (mut rows, mut same) = (0, 0);
         for b in 0..s.batch as usize {
-            let len = self.k[layer as usize][b].len();
+            let len = self.kept.k[layer as usize][b].len();
             for p in len - len.min(span as usize)..len {
                 for h in 0..kvh {
                     let r = (b * kvh + h) * cap + p % cap;
                     let x = h * d..(h + 1) * d;
-                    let tok_k = &self.k[layer as usize][b][p][x.clone()];
-                    let tok_v = &self.v[layer as usize][b][p][x];
+                    let tok_k = &self.kept.k[layer as usize][b][p][x.clone()];
+                    let tok_v = &self.kept.v[layer as usize][b][p][x];
                     rows += 2;
                     same += (krows[r * kw..(r + 1) * kw] == kref.encode(tok_k)[..]) as usize;
                     same += (vrows[r * vw..(r + 1) * vw] == vref.encode(tok_v)[..]) as usize;
@@ -207,7 +188,7 @@ fn fused_steps_wrap_the_ring(shapes: &[Shape]) {
         let b = shape.7 as usize;
         assert_eq!(
             gpu[layer as usize * b..],
-            r.k[layer as usize]
+            r.kept.k[layer as usize]
                 .iter()
                 .map(|t| t.len() as u32)
                 .collect::<Vec<_>>()[..]
@@ -303,8 +284,7 @@ fn rollback_within_the_ring_and_sequences_at_different_lengths() {
         assert_eq!(r.cache.len(0, 1).unwrap(), len);
         // As far back as the ring allows: sequence 1 is now `slack` tokens behind sequence 0.
         r.cache.truncate(1, len - slack).unwrap();
-        r.k[0][1].truncate((len - slack) as usize);
-        r.v[0][1].truncate((len - slack) as usize);
+        r.kept.truncate(1, len - slack);
         let e = r.attend(0);
         assert!(e <= TOL, "{name}: after the rollback: rel err {e:e}");
         for n in [1, 4, 1] {
@@ -317,8 +297,7 @@ fn rollback_within_the_ring_and_sequences_at_different_lengths() {
         r.check_slots(0, win);
         // A reset sequence starts over in the same slots.
         r.cache.reset(0).unwrap();
-        r.k[0][0].clear();
-        r.v[0][0].clear();
+        r.kept.truncate(0, 0);
         r.append(0, 3);
         let e = r.attend(0);
         assert!(e <= TOL, "{name}: after a reset: rel err {e:e}");

@@ -168,6 +168,67 @@ pub fn attend_poisoned(cache: &KvCache, layer: u32, q: &[f32]) -> Vec<f32> {
     out
 }
 
+/// A fused step of `n` new tokens per sequence (`k`, `v` f32 `[batch, n, kv_heads, d]`) into
+/// `layer` through the recording API, its output buffer first filled with NaN; returns the
+/// output `[batch, q_heads, d]`.
+pub fn step_poisoned(
+    cache: &mut KvCache,
+    layer: u32,
+    n: u32,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+) -> Vec<f32> {
+    let ctx = cache.context().clone();
+    let mk = |d: &[f32]| storage_buffer(&ctx, d);
+    let (kb, vb, qb, ob) = (mk(k), mk(v), mk(q), mk(&vec![f32::NAN; q.len()]));
+    let io = cache
+        .step_io(&kb, &vb, n, kvq::InputType::F32, &qb, &ob)
+        .expect("step_io");
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    cache.step(&mut enc, layer, &io).expect("step");
+    ctx.queue.submit([enc.finish()]);
+    read_f32(&ctx, &ob, q.len())
+}
+
+/// Every token appended to a cache as the caller gave it, to know what its store must hold:
+/// `k[layer][seq][position]` is the token's K input (kv_heads * head_dim values), `v` its V.
+pub struct Kept {
+    pub k: Vec<Vec<Vec<Vec<f32>>>>,
+    pub v: Vec<Vec<Vec<Vec<f32>>>>,
+}
+
+impl Kept {
+    /// Nothing kept yet, for `layers` layers of `batch` sequences.
+    pub fn new(layers: u32, batch: u32) -> Kept {
+        let empty = vec![vec![Vec::new(); batch as usize]; layers as usize];
+        Kept {
+            k: empty.clone(),
+            v: empty,
+        }
+    }
+
+    /// Records `k`, `v` (`[batch, n, ...]`) as `layer`'s newest `n` tokens of every sequence.
+    pub fn record(&mut self, layer: u32, n: usize, k: &[f32], v: &[f32]) {
+        let batch = self.k[layer as usize].len();
+        let (kw, vw) = (k.len() / (batch * n), v.len() / (batch * n));
+        for b in 0..batch {
+            for t in 0..n {
+                let i = b * n + t;
+                self.k[layer as usize][b].push(k[i * kw..(i + 1) * kw].to_vec());
+                self.v[layer as usize][b].push(v[i * vw..(i + 1) * vw].to_vec());
+            }
+        }
+    }
+
+    /// Cuts sequence `seq` back to `len` tokens in every layer (as `KvCache::truncate`).
+    pub fn truncate(&mut self, seq: u32, len: u32) {
+        for layer in self.k.iter_mut().chain(&mut self.v) {
+            layer[seq as usize].truncate(len as usize);
+        }
+    }
+}
+
 /// |got - want| / max(|want|, 1), infinite where `got` is NaN or infinite (a log-sum-exp's
 /// error).
 pub fn lse_err(got: f32, want: f64) -> f64 {
