@@ -410,31 +410,19 @@ fn run() -> Result<(), Error> {
     );
     for (name, c, precision) in codecs {
         let cfg = KernelConfig {
-            head_dim,
-            v_head_dim: head_dim,
-            gqa: q_heads / kv_heads,
             kv_heads,
-            batch: 1,
             capacity: args.ctx,
-            window: None,
             layers,
             splits: args.splits,
             max_splits: args.splits,
-            segments: 1,
-            min_chunk: 32,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            softcap: None,
-            sinks: false,
             workgroup: args.workgroup,
-            k: c.k,
-            v: c.v,
             exact: args.exact,
             // (The driver statistics this reads are NVIDIA's: its kernels as the measured
             // NVIDIA GPUs compile them.)
             baked_shape: kvq::tuning::BAKED_ON_NVIDIA,
-            layer_shapes: false,
             precision,
             matrix: args.matrix,
+            ..KernelConfig::new(head_dim, q_heads / kv_heads, c.k, c.v)
         };
         // The fused step's split is what a decode step runs (with f16 inputs, as in the
         // sweep); the chunk module's serves several new tokens' rows.

@@ -25,9 +25,6 @@ fn configs() -> Vec<KernelConfig> {
         {
             let (d, g) = [(64u32, 1u32), (128, 4), (96, 2), (256, 8)][(i + 2 * j) % 4];
             v.push(KernelConfig {
-                head_dim: d,
-                v_head_dim: d,
-                gqa: g,
                 kv_heads: 2,
                 batch: 2,
                 capacity: 300,
@@ -35,19 +32,7 @@ fn configs() -> Vec<KernelConfig> {
                 splits: 3,
                 max_splits: 3,
                 segments: 2,
-                min_chunk: 32,
-                window: None,
-                scale: 1.0 / (d as f32).sqrt(),
-                softcap: None,
-                sinks: false,
-                workgroup: 128,
-                k,
-                v: vc,
-                exact: Default::default(),
-                baked_shape: &[],
-                layer_shapes: false,
-                precision: kvq::Precision::Exact,
-                matrix: None,
+                ..KernelConfig::new(d, g, k, vc)
             });
         }
     }

@@ -97,29 +97,13 @@ fn configs() -> Vec<KernelConfig> {
 /// products, every shape number a uniform, no matrix units (the tests vary these).
 fn config(d: u32, g: u32, k: Codec, v: Codec) -> KernelConfig {
     KernelConfig {
-        head_dim: d,
-        v_head_dim: d,
-        gqa: g,
         kv_heads: 8 / g.min(8),
         batch: 2,
-        capacity: 4096,
         layers: 3,
         splits: 16,
         max_splits: 16,
         segments: 2,
-        min_chunk: 32,
-        window: None,
-        scale: 1.0 / (d as f32).sqrt(),
-        softcap: None,
-        sinks: false,
-        workgroup: 128,
-        k,
-        v,
-        exact: Default::default(),
-        baked_shape: &[],
-        layer_shapes: false,
-        precision: kvq::Precision::Exact,
-        matrix: None,
+        ..KernelConfig::new(d, g, k, v)
     }
 }
 

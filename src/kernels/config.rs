@@ -90,6 +90,39 @@ pub struct KernelConfig {
 }
 
 impl KernelConfig {
+    /// A configuration of K codec `k` and V codec `v` at `head_dim` (K and V), GQA `gqa`, for
+    /// tests and exporters to adjust with struct-update syntax: one layer of one sequence and
+    /// one KV head, 4096 tokens in one storage segment, 4 splits, scale `1/sqrt(head_dim)`,
+    /// 128-invocation workgroups, exact products, every shape number a uniform, and no window,
+    /// exact tokens, softcap, sink logits or matrix units.
+    pub fn new(head_dim: u32, gqa: u32, k: Codec, v: Codec) -> KernelConfig {
+        KernelConfig {
+            head_dim,
+            v_head_dim: head_dim,
+            gqa,
+            kv_heads: 1,
+            batch: 1,
+            capacity: 4096,
+            window: None,
+            layers: 1,
+            splits: 4,
+            max_splits: 4,
+            segments: 1,
+            min_chunk: 32,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            sinks: false,
+            workgroup: 128,
+            k,
+            v,
+            exact: crate::spec::ExactTokens::NONE,
+            baked_shape: &[],
+            layer_shapes: false,
+            precision: crate::spec::Precision::Exact,
+            matrix: None,
+        }
+    }
+
     /// Whether this cache's kernels are compiled with wgpu's index clamping: every codec but a
     /// rotated V codec's (see the crate-internal `kernels::cache::Compile::checks` for the measurements and
     /// why every index is in range without it).
@@ -614,29 +647,10 @@ pub(super) mod tests {
     pub(in crate::kernels) fn cfg(codecs: &str, head_dim: u32) -> KernelConfig {
         let c = KvCodecs::parse(codecs).unwrap();
         KernelConfig {
-            head_dim,
-            v_head_dim: head_dim,
-            gqa: 4,
             kv_heads: 2,
-            batch: 1,
             capacity: 256,
-            window: None,
-            layers: 1,
-            splits: 4,
-            max_splits: 4,
-            segments: 1,
-            min_chunk: 32,
             scale: 0.125,
-            softcap: None,
-            sinks: false,
-            workgroup: 128,
-            k: c.k,
-            v: c.v,
-            exact: Default::default(),
-            baked_shape: &[],
-            layer_shapes: false,
-            precision: crate::spec::Precision::Exact,
-            matrix: None,
+            ..KernelConfig::new(head_dim, 4, c.k, c.v)
         }
     }
 
