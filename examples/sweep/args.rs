@@ -108,8 +108,8 @@ pub struct Args {
     /// (`ExactTokens::k_mean`).
     pub exact: kvq::ExactTokens,
     /// `--prefill-from N`: chunk slices of at least N new tokens per sequence take the
-    /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning. With 1, a
-    /// point of one new token is timed as a chunk of 1 (the prefill kernel), not a fused step.
+    /// prefill kernel (`CacheSpec::with_prefill_from`); None: the adapter's tuning. With 1 on
+    /// matrix units, steps are chunks of 1 too (`KvCache::steps_as_chunks`).
     pub prefill_from: Option<u32>,
     /// `--chunk-splits N`: a chunk slice's splits per storage segment
     /// (`CacheSpec::with_chunk_splits`); None: the adapter's tuning, by the slice's size.

@@ -325,6 +325,8 @@ impl PointRun<'_> {
             queries: self.queries,
             precision: cache.kernel_config().precision,
             kernel: match inputs.chunk_io.first() {
+                // (A matrix cache's step may be a chunk of 1: KvCache::steps_as_chunks.)
+                None if cache.steps_as_chunks() => "prefill",
                 None => "step",
                 Some(io) if io.prefill() => "prefill",
                 Some(_) => "split",
@@ -447,13 +449,11 @@ impl PointRun<'_> {
             .iter()
             .map(|(k, v)| cache.append_input(k, v, 1, InputType::F16))
             .collect::<Result<_, _>>()?;
-        // A chunk's new tokens, queries and outputs: `queries` rows of each per sequence. One
-        // new token is a fused step, or a chunk of 1 where `--prefill-from 1` asks for the
-        // prefill kernel (on matrix units: the decode as the prefill kernel does it).
+        // A chunk's new tokens, queries and outputs: `queries` rows of each per sequence.
         let n = self.queries;
         let mut keep = Vec::new();
         let mut chunk_io = Vec::new();
-        if n > 1 || self.args.prefill_from == Some(1) {
+        if n > 1 {
             let chunk_q: Vec<f32> = (0..qn * n as usize).map(|_| rng.next()).collect();
             let cq = storage(ctx, "chunk q", &chunk_q);
             let co = ctx.device.create_buffer(&wgpu::BufferDescriptor {
