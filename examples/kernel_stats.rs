@@ -105,7 +105,7 @@ fn parse_args() -> Result<Args, String> {
     }
     if let Some(m) = &mut a.matrix {
         m.rows = rows.unwrap_or(m.rows);
-        if ![16, 8].contains(&m.fragment) || ![m.fragment, 2 * m.fragment].contains(&m.rows) {
+        if !m.has_kernels() {
             return Err(format!(
                 "--matrix {} --matrix-rows {}: kvq's matrix kernels take fragments of 16 or 8, rows F or 2 F",
                 m.fragment, m.rows

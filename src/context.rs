@@ -112,7 +112,7 @@ impl MatrixUnits {
 
     /// Whether kvq's matrix kernels are written for these units: fragments of 16 or 8, F or
     /// 2 F rows a workgroup.
-    pub(crate) fn has_kernels(&self) -> bool {
+    pub fn has_kernels(&self) -> bool {
         let f = self.fragment;
         MATRIX_FRAGMENTS.contains(&f) && [f, 2 * f].contains(&self.rows)
     }
